@@ -1,0 +1,83 @@
+"""The one exception hierarchy of clipper-serve.
+
+::
+
+    ClipperError
+    ├── ConfigError            invalid settings (bad port, unknown controller, ...)
+    ├── RequestError           a client sent something we cannot serve -> HTTP 4xx
+    │   ├── BadInputError      malformed JSON, wrong input type, missing keys (400)
+    │   ├── NotFoundError      unknown application or route (404)
+    │   └── PayloadTooLarge    body over the configured limit (413)
+    ├── RegistryError          applications, models, links: duplicate, unknown, incompatible
+    ├── ModelError             a model raised while predicting (carries its message)
+    ├── ReplicaError           a replica is gone, or answered with a broken frame
+    └── WireError              a message that does not follow the RPC framing
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadInputError",
+    "ClipperError",
+    "ConfigError",
+    "ModelError",
+    "NotFoundError",
+    "PayloadTooLarge",
+    "RegistryError",
+    "ReplicaError",
+    "RequestError",
+    "WireError",
+]
+
+
+class ClipperError(Exception):
+    """Root of every error clipper-serve raises on purpose."""
+
+
+class ConfigError(ClipperError):
+    """A setting is invalid; the message names it and what is accepted."""
+
+
+class RequestError(ClipperError):
+    """A client request that cannot be served; maps to an HTTP status."""
+
+    status: int = 400
+    error: str = "Bad request"
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(status={self.status}, cause={self.cause!r})"
+
+
+class BadInputError(RequestError):
+    status = 400
+    error = "Json error"
+
+
+class NotFoundError(RequestError):
+    status = 404
+    error = "Not found"
+
+
+class PayloadTooLarge(RequestError):
+    status = 413
+    error = "Payload too large"
+
+
+class RegistryError(ClipperError):
+    """An application/model/link operation that the registry refuses."""
+
+
+class ModelError(ClipperError):
+    """The model's own code raised; the message is the model's."""
+
+
+class ReplicaError(ClipperError):
+    """A replica disappeared or misbehaved."""
+
+
+class WireError(ClipperError):
+    """A message that does not follow the RPC framing."""
