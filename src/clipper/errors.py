@@ -10,6 +10,8 @@
     │   └── PayloadTooLarge    body over the configured limit (413)
     ├── RegistryError          applications, models, links: duplicate, unknown, incompatible
     ├── ModelError             a model raised while predicting (carries its message)
+    ├── OverloadedError        a query shed because it cannot meet its deadline (queue full/slow)
+    ├── DeadlineExceeded       a query's deadline passed before its batch could be sent
     ├── ReplicaError           a replica is gone, or answered with a broken frame
     └── WireError              a message that does not follow the RPC framing
 """
@@ -20,8 +22,10 @@ __all__ = [
     "BadInputError",
     "ClipperError",
     "ConfigError",
+    "DeadlineExceeded",
     "ModelError",
     "NotFoundError",
+    "OverloadedError",
     "PayloadTooLarge",
     "RegistryError",
     "ReplicaError",
@@ -73,6 +77,14 @@ class RegistryError(ClipperError):
 
 class ModelError(ClipperError):
     """The model's own code raised; the message is the model's."""
+
+
+class OverloadedError(ClipperError):
+    """Shed at once: the query could not have been answered within its SLO."""
+
+
+class DeadlineExceeded(ClipperError):
+    """The query's deadline passed while it waited in its model's queue."""
 
 
 class ReplicaError(ClipperError):

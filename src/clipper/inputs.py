@@ -96,7 +96,11 @@ def parse_input(t: InputType, value: Any) -> bytes:
             return array(t.typecode, value).tobytes()
         except TypeError:
             bad = next(
-                (v for v in value if type(v) not in (int, float) or (t is InputType.INTS and type(v) is not int)),
+                (
+                    v
+                    for v in value
+                    if type(v) not in (int, float) or (t is InputType.INTS and type(v) is not int)
+                ),
                 None,
             )
             raise _bad(

@@ -1,0 +1,314 @@
+"""Per model version: its queue, its replicas, and the loop-free dispatch that joins them.
+
+Nothing here owns a task. ``pump()`` runs when work arrives, when a replica frees a slot, or when
+the one timer it may arm (delayed batching, expiry) fires; each replica asks its own controller
+how big a batch may be, and the pure :func:`decide` says whether to send now or wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from clipper.batching.controllers import BatchController, make_controller
+from clipper.batching.decision import Wait, decide
+from clipper.batching.queue import ModelQueue, Task
+from clipper.cache import PredictionCache
+from clipper.clock import Clock
+from clipper.errors import DeadlineExceeded, ModelError, OverloadedError
+from clipper.frontend.metrics import Metrics
+from clipper.registry import ModelVersion
+
+__all__ = ["ModelScheduler", "Replica", "Transport"]
+
+log = logging.getLogger("clipper.scheduler")
+
+
+class Replica:
+    """One connected container process serving one model version."""
+
+    __slots__ = (
+        "address",
+        "controller",
+        "draining",
+        "fast",
+        "identity",
+        "in_flight",
+        "last_seen",
+        "latency_metric",
+        "replica_id",
+        "scheduler",
+        "timeout",
+    )
+
+    def __init__(
+        self, identity: bytes, replica_id: int, fast: bool, timeout: float, last_seen: float
+    ) -> None:
+        self.identity = identity
+        self.replica_id = replica_id
+        self.fast = fast
+        self.timeout = timeout
+        self.last_seen = last_seen
+        self.in_flight: dict[int, tuple[list[Task], float]] = {}
+        self.scheduler: ModelScheduler | None = None
+        self.controller: BatchController | None = None
+        self.latency_metric: Any = None
+        self.address = ""
+        # Being stopped on purpose: gets no new batches, its in-flight ones still come back.
+        self.draining = False
+
+
+class Transport(Protocol):
+    def send_batch(self, replica: Replica, tasks: list[Task]) -> int:
+        """Send the batch; return its message id."""
+        ...
+
+
+class ModelScheduler:
+    def __init__(
+        self,
+        mv: ModelVersion,
+        *,
+        slo_s: float,
+        cache: PredictionCache,
+        clock: Clock,
+        transport: Transport,
+        metrics: Metrics,
+        queue_capacity: int,
+    ) -> None:
+        self.mv = mv
+        self.cache = cache
+        self.clock = clock
+        self.transport = transport
+        self.queue = ModelQueue(queue_capacity)
+        self.replicas: list[Replica] = []
+        self.slo_s = slo_s
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._max_wait_s = mv.batching.max_wait_micros / 1e6
+        self._in_flight_cap = mv.batching.in_flight
+        self._capacity_rps = 0.0
+        self.closed = False
+        labels = {"model": mv.name, "version": mv.version}
+        self._metrics = metrics
+        self._batch_size = metrics.batch_size.labels(**labels)
+        self._errors = metrics.model_errors.labels(**labels)
+        self._replica_gauge = metrics.replicas.labels(**labels)
+        metrics.queue_depth.labels(**labels).set_function(lambda: len(self.queue))
+        self.on_replicas_changed: Callable[[ModelScheduler], None] | None = None
+
+    # replicas
+    def _new_controller(self) -> BatchController:
+        b = self.mv.batching
+        target = self.slo_s * b.target_fraction
+        params = dict(b.params)
+        if b.controller == "fixed":
+            params["size"] = b.max_batch_size
+        elif b.max_batch_size is not None:
+            params["max_size"] = b.max_batch_size
+        return make_controller(b.controller, target_s=target, **params)
+
+    def add_replica(self, replica: Replica) -> None:
+        replica.scheduler = self
+        replica.controller = self._new_controller()
+        replica.latency_metric = self._metrics.replica_latency.labels(
+            model=self.mv.name, version=self.mv.version, replica=str(replica.replica_id)
+        )
+        self.replicas.append(replica)
+        self._replica_gauge.set(len(self.replicas))
+        if self.on_replicas_changed is not None:
+            self.on_replicas_changed(self)
+        self.pump()
+
+    def remove_replica(self, replica: Replica) -> None:
+        """The replica is gone: its batches in flight go back to the queue (their queries still
+        have their deadlines), and another replica may take them."""
+        if replica not in self.replicas:
+            return
+        self.replicas.remove(replica)
+        replica.scheduler = None
+        self._replica_gauge.set(len(self.replicas))
+        for tasks, _ in replica.in_flight.values():
+            self.queue.requeue(tasks)
+        replica.in_flight.clear()
+        self._update_capacity()
+        if self.on_replicas_changed is not None:
+            self.on_replicas_changed(self)
+        self.pump()
+
+    def set_slo(self, slo_s: float) -> None:
+        if slo_s != self.slo_s:
+            self.slo_s = slo_s
+            for r in self.replicas:
+                r.controller = self._new_controller()
+
+    # admission
+    def submit(self, task: Task) -> None:
+        """Queue one input; the caller pumps once after queueing a request's inputs.
+        Raises :class:`OverloadedError` when the query could not meet its deadline."""
+        q = self.queue
+        if self._capacity_rps > 0.0:
+            wait = (len(q) + 1) / self._capacity_rps
+            if task.enqueued_at + wait > task.deadline:
+                raise OverloadedError(
+                    f"model {self.mv.name}:{self.mv.version} has {len(q)} queries queued, "
+                    f"about {wait * 1e3:.1f} ms of work, more than the query's latency SLO allows"
+                )
+        if not q.push(task):
+            raise OverloadedError(
+                f"model {self.mv.name}:{self.mv.version} queue is full ({q.capacity} queries)"
+            )
+
+    def _update_capacity(self) -> None:
+        """Inputs per second all replicas can take at their current batch sizes: the basis of
+        shedding at admission (0 = not known yet, admit)."""
+        total = 0.0
+        for r in self.replicas:
+            c = r.controller
+            assert c is not None
+            n = c.max_batch_size()
+            lat = c.expected_latency(n)
+            if lat <= 0.0:
+                self._capacity_rps = 0.0
+                return
+            # a container runs its batches one after another, in flight or not
+            total += n / lat
+        self._capacity_rps = total
+
+    # dispatch
+    def _free_replica(self) -> Replica | None:
+        best: Replica | None = None
+        cap = self._in_flight_cap
+        for r in self.replicas:
+            k = len(r.in_flight)
+            if k < cap and not r.draining and (best is None or k < len(best.in_flight)):
+                best = r
+                if k == 0:
+                    break
+        return best
+
+    def pump(self) -> None:
+        if self.closed:
+            return
+        q = self.queue
+        if not q:
+            return
+        now = self.clock.now()
+        if q.earliest_deadline() <= now:
+            for task in q.drop_expired(now):
+                self._deliver(
+                    task,
+                    None,
+                    DeadlineExceeded("the query's deadline passed before a replica was free"),
+                )
+        while q:
+            r = self._free_replica()
+            if r is None:
+                break
+            c = r.controller
+            assert c is not None
+            cap = c.max_batch_size()
+            pending = len(q)
+            d = decide(
+                pending=pending,
+                oldest_enqueued_at=q.oldest_enqueued_at(),
+                earliest_deadline=q.earliest_deadline(),
+                max_batch_size=cap,
+                max_wait_s=self._max_wait_s,
+                expected_latency_s=c.expected_latency(min(pending, cap)),
+                now=now,
+            )
+            if isinstance(d, Wait):
+                self._arm(now, d.seconds)
+                return
+            tasks = q.pop(d.count)
+            try:
+                msg_id = self.transport.send_batch(r, tasks)
+            except Exception as exc:  # a broken socket must not lose the queries
+                log.exception("sending a batch to replica %s failed", r.replica_id)
+                q.requeue(tasks)
+                self.remove_replica(r)
+                del exc
+                return
+            r.in_flight[msg_id] = (tasks, now)
+            self._batch_size.observe(len(tasks))
+        if q:
+            # Nobody free: a response will pump again; meanwhile expire what cannot make it.
+            self._arm(now, max(q.earliest_deadline() - now, 0.0))
+
+    def _arm(self, now: float, seconds: float) -> None:
+        at = now + seconds
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        self.pump()
+
+    def on_response(
+        self,
+        replica: Replica,
+        msg_id: int,
+        outputs: list[object] | None,
+        error: str | None,
+        nbytes: int,
+    ) -> None:
+        entry = replica.in_flight.pop(msg_id, None)
+        if entry is None:
+            return  # a batch we gave up on (replica removed, then answered late)
+        tasks, sent_at = entry
+        latency = self.clock.now() - sent_at
+        c = replica.controller
+        assert c is not None
+        c.observe(len(tasks), latency)
+        replica.latency_metric.observe(latency)
+        self._update_capacity()
+        if error is None and outputs is not None and len(outputs) != len(tasks):
+            error = f"predict returned {len(outputs)} outputs for {len(tasks)} inputs"
+        if error is not None or outputs is None:
+            self._errors.inc()
+            exc = ModelError(error or "no outputs")
+            for task in tasks:
+                self._deliver(task, None, exc)
+        else:
+            per_item = nbytes // max(len(tasks), 1)
+            cache = self.cache
+            for task, out in zip(tasks, outputs, strict=True):
+                if task.key is not None:
+                    cache.complete(task.key, out, per_item)
+                elif task.waiter is not None:
+                    task.waiter(out, None)
+        self.pump()
+
+    def _deliver(self, task: Task, value: object, err: BaseException | None) -> None:
+        if task.key is not None:
+            if err is None:
+                self.cache.complete(task.key, value, 0)
+            else:
+                self.cache.fail(task.key, err)
+        elif task.waiter is not None:
+            task.waiter(value, err)
+
+    def close(self, reason: BaseException) -> None:
+        """Stop dispatching; every queued or in-flight query is answered with ``reason``."""
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        tasks = self.queue.pop(len(self.queue))
+        for r in self.replicas:
+            for batch, _ in r.in_flight.values():
+                tasks.extend(batch)
+            r.in_flight.clear()
+            r.scheduler = None
+        self.replicas.clear()
+        self._replica_gauge.set(0)
+        for task in tasks:
+            self._deliver(task, None, reason)

@@ -1,0 +1,502 @@
+"""The model-container process: load a model, connect to the frontend, serve predict batches.
+
+Run as ``python -m clipper.container --model-path PATH --name NAME [...]`` (every flag also has
+an environment variable; see ``--help``). The model file is a cloudpickle of an object with
+``predict(inputs)`` or of a plain callable; a directory means ``<dir>/func.pkl`` (with
+``<dir>/modules`` put on ``sys.path``) like the original closure container. ``model.setup()``
+is called once, before registering, when it exists.
+
+What ``predict`` receives:
+
+* integers/floats/doubles: one read-only 2-D ``np.ndarray`` ``(n, d)`` when all items have the
+  same length (a zero-copy view of the payload for FAST requests), else a list of 1-D arrays;
+* strings: ``list[str]``; bytes: ``list[bytes]``; json: a list of decoded Python values.
+
+It must return a list, tuple or ``np.ndarray`` with one output per input; anything else, or
+an exception, fails that batch only and the container keeps serving.
+
+Responses follow the request's framing. FAST (negotiated by the ``clipper-serve/fast1``
+metadata frame unless ``--v3-only``): outputs as a JSON list, or status 1 with
+``"ExceptionType: message"``. v3 (the original frontend, or ``--v3-only``): each output as a
+string: ``str`` outputs unchanged, anything else JSON-encoded; v3 has no error channel, so a
+failed batch answers every output with the JSON string ``{"__clipper_error__": "<message>"}``.
+
+Threads: the DEALER socket belongs to the main thread, which also sends heartbeats; ``predict``
+runs on one worker thread in arrival order, so heartbeats keep flowing during a slow batch.
+The worker hands finished responses back through a queue and wakes the main thread's poller
+with a byte on a socketpair. With no message from the frontend for ``activity_timeout`` the
+container drops its socket and reconnects with a new identity (and so re-registers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import orjson
+import zmq
+
+from clipper.errors import WireError
+from clipper.inputs import InputType
+from clipper.rpc.wire import (
+    Frame,
+    HeartbeatReply,
+    HeartbeatType,
+    PredictRequest,
+    decode_frontend_message,
+    encode_heartbeat,
+    encode_new_container,
+    encode_predict_error_fast,
+    encode_predict_response_fast,
+    encode_predict_response_v3,
+    json_default,
+)
+
+__all__ = ["ERROR_KEY", "decode_inputs", "load_model", "main", "serve"]
+
+ERROR_KEY = "__clipper_error__"
+
+_log = logging.getLogger("clipper.container")
+# Upper bound on one poll, so a stop request or a dead parent is noticed quickly.
+_MAX_POLL_S = 0.1
+_JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def load_model(path: str | os.PathLike[str]) -> object:
+    """Unpickle a model file, or ``<dir>/func.pkl`` for a closure-container directory."""
+    p = Path(path)
+    if p.is_dir():
+        modules = p / "modules"
+        if modules.is_dir():
+            sys.path.insert(0, str(modules))  # the closure's own helper modules
+        p = p / "func.pkl"
+    with p.open("rb") as f:
+        model: object = cloudpickle.load(f)
+    return model
+
+
+def _predict_fn(model: object) -> Callable[[Any], Any]:
+    predict = getattr(model, "predict", None)
+    if callable(predict):
+        return predict  # type: ignore[no-any-return]
+    if callable(model):
+        return model
+    raise TypeError(f"model {type(model).__name__} has no predict() and is not callable")
+
+
+def decode_inputs(req: PredictRequest, input_type: InputType) -> object:
+    """The batch as the model sees it (see the module docstring)."""
+    if req.type_name is not None:
+        if req.type_name != input_type.readable:
+            raise ValueError(
+                f"input type mismatch: container takes {input_type.readable}, "
+                f"request has {req.type_name}"
+            )
+    elif req.input_code != input_type.code:
+        raise ValueError(
+            f"input type mismatch: container takes {input_type.readable} "
+            f"(code {input_type.code}), request has code {req.input_code}"
+        )
+    if input_type.numeric:
+        dtype = np.dtype(input_type.numpy_dtype)
+        if req.shape is not None:
+            assert req.payload is not None
+            arr = np.frombuffer(req.payload, dtype)  # a view of the received frame: no copy
+            arr.flags.writeable = False
+            return arr.reshape(req.shape)
+        items = req.item_frames()
+        for i, item in enumerate(items):
+            if len(item) % dtype.itemsize:
+                raise ValueError(
+                    f"input {i} has {len(item)} bytes, not a multiple of {dtype.itemsize}"
+                )
+        sizes = {len(item) for item in items}
+        if len(sizes) == 1:
+            if req.payload is not None:
+                flat = np.frombuffer(req.payload, dtype)
+            else:
+                flat = np.frombuffer(b"".join(items), dtype)
+            flat.flags.writeable = False  # same contract for both framings
+            return flat.reshape(len(items), -1)
+        return [np.frombuffer(item, dtype) for item in items]
+    items = req.item_frames()
+    if input_type is InputType.STRINGS:
+        return [bytes(item).decode("utf-8") for item in items]
+    if input_type is InputType.JSON:
+        return [orjson.loads(item) for item in items]
+    return [bytes(item) for item in items]
+
+
+class _Server:
+    def __init__(
+        self,
+        model: object,
+        *,
+        name: str,
+        version: str,
+        input_type: InputType,
+        address: str,
+        heartbeat_interval: float,
+        activity_timeout: float,
+        fast: bool,
+        parent_pid: int | None,
+        stop_event: threading.Event,
+        log: logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        self.predict = _predict_fn(model)
+        self.name, self.version, self.input_type = name, version, input_type
+        self.address = address
+        self.heartbeat_interval = heartbeat_interval
+        self.activity_timeout = activity_timeout
+        self.fast = fast
+        self.parent_pid = parent_pid
+        # A zombie parent still answers kill(pid, 0); being reparented is the reliable sign.
+        self.parent_was_ours = parent_pid is not None and os.getppid() == parent_pid
+        self.stop = stop_event
+        self.log = log
+        # Bumped on every reconnect: results of an older session are dropped, since the
+        # frontend would not know the new identity's outstanding batches anyway.
+        self.session = 0
+        self.jobs: queue.SimpleQueue[tuple[int, PredictRequest] | None] = queue.SimpleQueue()
+        self.done: queue.SimpleQueue[tuple[int, list[bytes]]] = queue.SimpleQueue()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+
+    # -- worker thread ------------------------------------------------------------------------
+
+    def work(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None or self.stop.is_set():
+                return
+            session, req = job
+            if session != self.session:
+                continue  # its connection is gone
+            frames = self.execute(req)
+            self.done.put((session, frames))
+            try:
+                self.wake_w.send(b"\0")
+            except BlockingIOError:
+                pass  # a wake-up byte is already pending
+            except OSError:
+                return  # the main thread has shut down
+
+    def execute(self, req: PredictRequest) -> list[bytes]:
+        fast = req.fast_meta is not None
+        try:
+            inputs = decode_inputs(req, self.input_type)
+        except Exception as e:
+            return self.error(req, fast, f"bad input: {type(e).__name__}: {e}")
+        try:
+            outputs = self.predict(inputs)
+        except Exception as e:
+            self.log.exception("predict raised on a batch of %d", req.n)
+            return self.error(req, fast, f"{type(e).__name__}: {e}")
+        problem = _check_outputs(outputs, req.n)
+        if problem is not None:
+            self.log.error("%s", problem)
+            return self.error(req, fast, problem)
+        try:
+            if fast:
+                return encode_predict_response_fast(req.msg_id_bytes, outputs)
+            return encode_predict_response_v3(req.msg_id_bytes, [_v3_output(o) for o in outputs])
+        except (orjson.JSONEncodeError, TypeError) as e:
+            return self.error(req, fast, f"outputs are not JSON-serializable: {e}")
+
+    def error(self, req: PredictRequest, fast: bool, message: str) -> list[bytes]:
+        if fast:
+            return encode_predict_error_fast(req.msg_id_bytes, message)
+        self.log.error("batch failed (v3 has no error channel): %s", message)
+        err = orjson.dumps({ERROR_KEY: message})
+        return encode_predict_response_v3(req.msg_id_bytes, [err] * req.n)
+
+    # -- main thread --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        worker = threading.Thread(target=self.work, name="clipper-predict", daemon=True)
+        worker.start()
+        ctx = zmq.Context()
+        sock = self.connect(ctx)
+        try:
+            self.loop(ctx, sock)
+        finally:
+            self.stop.set()
+            self.jobs.put(None)
+            self.wake_r.close()
+            self.wake_w.close()  # a worker still inside predict() finds it closed and exits
+            ctx.destroy(linger=0)
+
+    def connect(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        sock.send_multipart(encode_heartbeat())  # ZeroMQ queues it until the frontend is up
+        self.log.info("connecting to %s", self.address)
+        return sock
+
+    def loop(self, ctx: zmq.Context[zmq.Socket[bytes]], sock: zmq.Socket[bytes]) -> None:
+        now = time.monotonic()
+        last_rx = now
+        next_hb = now + self.heartbeat_interval
+        connected = False  # like rpc.py: periodic heartbeats only once the frontend answered
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        wake_fd = self.wake_r.fileno()  # zmq.Poller reports plain sockets by fd
+        poller.register(wake_fd, zmq.POLLIN)
+        while not self.stop.is_set():
+            if self.parent_gone():
+                self.log.warning("parent process %s is gone; exiting", self.parent_pid)
+                return
+            now = time.monotonic()
+            wait = min(_MAX_POLL_S, last_rx + self.activity_timeout - now)
+            if connected:
+                wait = min(wait, next_hb - now)
+            events = dict(poller.poll(max(0, int(wait * 1000))))
+            if sock in events:
+                # Bounded, so a flood of requests cannot starve heartbeats and responses.
+                for _ in range(256):
+                    try:
+                        parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    last_rx = time.monotonic()
+                    if not connected:
+                        connected = True
+                        next_hb = last_rx + self.heartbeat_interval
+                    self.handle(sock, [p.buffer for p in parts])
+            if wake_fd in events:
+                self.flush(sock)
+            now = time.monotonic()
+            if connected and now >= next_hb:
+                sock.send_multipart(encode_heartbeat())
+                next_hb = now + self.heartbeat_interval
+            if now - last_rx >= self.activity_timeout:
+                self.log.warning(
+                    "no message from the frontend for %.1fs; reconnecting", now - last_rx
+                )
+                poller.unregister(sock)
+                sock.close(linger=0)
+                self.session += 1
+                sock = self.connect(ctx)
+                poller.register(sock, zmq.POLLIN)
+                last_rx = now
+                connected = False
+        self.log.info("stopping")
+        sock.close(linger=0)
+
+    def handle(self, sock: zmq.Socket[bytes], frames: list[Frame]) -> None:
+        try:
+            msg = decode_frontend_message(frames)
+        except WireError as e:
+            self.log.warning("dropping a malformed message: %s", e)
+            return
+        if isinstance(msg, HeartbeatReply):
+            if msg.type == HeartbeatType.REQUEST_CONTAINER_METADATA:
+                sock.send_multipart(
+                    encode_new_container(
+                        self.name, self.version, self.input_type.code, fast=self.fast
+                    )
+                )
+                self.log.info("sent metadata (fast=%s)", self.fast)
+            return
+        self.jobs.put((self.session, msg))
+
+    def flush(self, sock: zmq.Socket[bytes]) -> None:
+        try:
+            while self.wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                session, frames = self.done.get_nowait()
+            except queue.Empty:
+                return
+            if session == self.session:
+                sock.send_multipart(frames, copy=False)
+
+    def parent_gone(self) -> bool:
+        if self.parent_pid is None:
+            return False
+        if self.parent_was_ours and os.getppid() != self.parent_pid:
+            return True
+        try:
+            os.kill(self.parent_pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # exists, owned by someone else
+        return False
+
+
+def _check_outputs(outputs: object, n: int) -> str | None:
+    if isinstance(outputs, np.ndarray):
+        if outputs.ndim == 0:
+            return f"predict returned a 0-d array for {n} inputs"
+    elif not isinstance(outputs, list | tuple):
+        return (
+            f"predict returned {type(outputs).__name__}; expected a list, tuple or numpy array "
+            f"of {n} outputs"
+        )
+    if len(outputs) != n:
+        return f"predict returned {len(outputs)} outputs for {n} inputs"
+    return None
+
+
+def _v3_output(o: object) -> bytes | str:
+    if isinstance(o, str):
+        return o
+    return orjson.dumps(o, option=_JSON_OPTS, default=json_default)
+
+
+def serve(
+    model: object,
+    *,
+    name: str,
+    version: str,
+    input_type: InputType,
+    address: str,
+    heartbeat_interval: float = 1.0,
+    activity_timeout: float = 10.0,
+    fast: bool = True,
+    parent_pid: int | None = None,
+    stop_event: threading.Event | None = None,
+) -> None:
+    """Serve ``model`` to the frontend at ``address`` until ``stop_event`` is set (or the
+    parent process is gone). Runs ``model.setup()`` first when it exists."""
+    log = _Prefixed(_log, {"prefix": f"[{name}:{version} pid={os.getpid()}]"})
+    setup = getattr(model, "setup", None)
+    if callable(setup):
+        setup()
+    _Server(
+        model,
+        name=name,
+        version=version,
+        input_type=input_type,
+        address=address,
+        heartbeat_interval=heartbeat_interval,
+        activity_timeout=activity_timeout,
+        fast=fast,
+        parent_pid=parent_pid,
+        stop_event=stop_event or threading.Event(),
+        log=log,
+    ).run()
+
+
+class _Prefixed(logging.LoggerAdapter[logging.Logger]):
+    """Prefixes every record with ``[name:version pid=N]`` (several containers share a log)."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        prefix = self.extra["prefix"] if self.extra else ""
+        return f"{prefix} {msg}", kwargs
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m clipper.container",
+        description="Serve a cloudpickled model to a clipper-serve (or Clipper) frontend.",
+    )
+    model_path = _env("CLIPPER_MODEL_PATH")
+    name = _env("CLIPPER_MODEL_NAME")
+    p.add_argument(
+        "--model-path",
+        default=model_path,
+        required=model_path is None,
+        help="cloudpickle file, or a directory holding func.pkl [CLIPPER_MODEL_PATH]",
+    )
+    p.add_argument("--name", default=name, required=name is None, help="[CLIPPER_MODEL_NAME]")
+    p.add_argument(
+        "--version", default=_env("CLIPPER_MODEL_VERSION", "1"), help="[CLIPPER_MODEL_VERSION]"
+    )
+    p.add_argument(
+        "--input-type",
+        default=_env("CLIPPER_INPUT_TYPE", "doubles"),
+        help="bytes, integers, floats, doubles, strings or json [CLIPPER_INPUT_TYPE]",
+    )
+    p.add_argument("--ip", default=_env("CLIPPER_IP", "127.0.0.1"), help="[CLIPPER_IP]")
+    p.add_argument(
+        "--port", type=int, default=int(_env("CLIPPER_PORT", "7000") or 7000), help="[CLIPPER_PORT]"
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=float(_env("CLIPPER_HEARTBEAT_INTERVAL", "1.0") or 1.0),
+        help="seconds between heartbeats [CLIPPER_HEARTBEAT_INTERVAL]",
+    )
+    p.add_argument(
+        "--activity-timeout",
+        type=float,
+        default=float(_env("CLIPPER_ACTIVITY_TIMEOUT", "10") or 10),
+        help="reconnect after this many seconds without a message [CLIPPER_ACTIVITY_TIMEOUT]",
+    )
+    p.add_argument(
+        "--v3-only",
+        action="store_true",
+        default=(_env("CLIPPER_V3_ONLY", "") or "").lower() in ("1", "true", "yes"),
+        help="do not advertise the FAST framing [CLIPPER_V3_ONLY]",
+    )
+    parent = _env("CLIPPER_PARENT_PID")
+    p.add_argument(
+        "--parent-pid",
+        type=int,
+        default=int(parent) if parent else None,
+        help="exit when this process is gone [CLIPPER_PARENT_PID]",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        input_type = InputType.parse(args.input_type)
+    except ValueError as e:
+        print(f"error: --input-type: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        _log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        model = load_model(args.model_path)
+        serve(
+            model,
+            name=args.name,
+            version=args.version,
+            input_type=input_type,
+            address=f"tcp://{args.ip}:{args.port}",
+            heartbeat_interval=args.heartbeat_interval,
+            activity_timeout=args.activity_timeout,
+            fast=not args.v3_only,
+            parent_pid=args.parent_pid,
+            stop_event=stop,
+        )
+    except Exception:
+        _log.exception("[%s:%s pid=%d] container failed", args.name, args.version, os.getpid())
+        return 1
+    return 0

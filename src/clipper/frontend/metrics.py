@@ -1,0 +1,104 @@
+"""Prometheus metrics of one frontend, in its own registry (several frontends may share a
+process in tests). Children are looked up once per app/model/replica, never per query."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+)
+_BATCH_BUCKETS = tuple(float(2**i) for i in range(13))
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "clipper_app_requests", "Queries answered, per application", ["app"], registry=r
+        )
+        self.latency = Histogram(
+            "clipper_app_latency_seconds",
+            "Time from a request's arrival to its answer, per application",
+            ["app"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.defaults = Counter(
+            "clipper_app_default_outputs",
+            "Queries answered with the application's default output, by reason",
+            ["app", "reason"],
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "clipper_model_batch_size",
+            "Inputs per batch sent to a replica",
+            ["model", "version"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "clipper_model_queue_depth",
+            "Inputs waiting in a model version's queue",
+            ["model", "version"],
+            registry=r,
+        )
+        self.replicas = Gauge(
+            "clipper_model_replicas",
+            "Connected replicas of a model version",
+            ["model", "version"],
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "clipper_cache_hits", "Prediction cache hits", ["model", "version"], registry=r
+        )
+        self.cache_misses = Counter(
+            "clipper_cache_misses",
+            "Prediction cache misses (joins of an in-flight computation included)",
+            ["model", "version"],
+            registry=r,
+        )
+        self.replica_latency = Histogram(
+            "clipper_replica_batch_latency_seconds",
+            "Round trip of one batch to a replica",
+            ["model", "version", "replica"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.model_errors = Counter(
+            "clipper_model_errors",
+            "Batches whose predict raised",
+            ["model", "version"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every sample as ``{"name{labels}": value}``: for clients that read JSON
+        (the original clipper_admin's ``inspect_instance``)."""
+        out: dict[str, Any] = {}
+        for family in self.registry.collect():
+            for s in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+        return out

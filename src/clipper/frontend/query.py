@@ -1,0 +1,377 @@
+"""One query's path: parse, cache, queue, and an answer by the deadline, whatever happens.
+
+Callback-driven: a request costs a few objects and at most one timer, no task. Results reach a
+query through the prediction cache (which also joins identical in-flight inputs); the deadline
+timer answers whatever is missing with the application's default output and the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from clipper.batching.queue import Task
+from clipper.batching.scheduler import ModelScheduler
+from clipper.cache import Lookup, PredictionCache
+from clipper.clock import Clock
+from clipper.errors import (
+    BadInputError,
+    DeadlineExceeded,
+    ModelError,
+    NotFoundError,
+    OverloadedError,
+    RegistryError,
+    RequestError,
+)
+from clipper.frontend.metrics import Metrics
+from clipper.inputs import parse_input
+from clipper.registry import Application, Registry
+
+__all__ = [
+    "NO_MODELS",
+    "SLO_MISSED",
+    "QueryProcessor",
+    "QueryRejected",
+]
+
+# The original's two explanations, kept word for word.
+NO_MODELS = "No connected models found for query"
+SLO_MISSED = "Failed to retrieve a prediction response within the specified latency SLO"
+
+Respond = Callable[[int, bytes], None]
+_UNSET: Any = object()
+
+
+class QueryRejected(RequestError):
+    """The application asked for 503 rather than a default output under overload."""
+
+    status = 503
+    error = "Service unavailable"
+
+
+class QueryProcessingError(RequestError):
+    status = 400
+    error = "Query processing error"
+
+
+class _Query:
+    __slots__ = (
+        "app",
+        "defaults",
+        "explanations",
+        "model",
+        "n",
+        "outputs",
+        "proc",
+        "remaining",
+        "respond",
+        "single",
+        "t0",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        proc: QueryProcessor,
+        app: Application,
+        n: int,
+        respond: Respond,
+        t0: float,
+        model: str,
+    ) -> None:
+        self.proc = proc
+        self.app = app
+        self.n = n
+        self.outputs: list[Any] = [_UNSET] * n
+        self.defaults: list[str | None] = [None] * n  # None = answered by the model
+        self.explanations: list[str] = [""] * n
+        self.remaining = n
+        self.respond: Respond | None = respond
+        self.t0 = t0
+        self.timer: asyncio.TimerHandle | None = None
+        self.single = n == 1
+        self.model = model
+
+    def waiter(self, i: int) -> Callable[[object, BaseException | None], None]:
+        def done(value: object, err: BaseException | None) -> None:
+            self.fill(i, value, err)
+
+        return done
+
+    def fill(self, i: int, value: object, err: BaseException | None) -> None:
+        if self.respond is None or self.remaining == 0:
+            return  # already answered (deadline) or this slot was already filled
+        if err is None:
+            self.outputs[i] = value
+        else:
+            reason, why = self.proc.explain(self.model, err)
+            if reason == "overload" and self.app.overload == "reject":
+                self.reject(str(err))
+                return
+            self.set_default(i, reason, why)
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.finish()
+
+    def set_default(self, i: int, reason: str, why: str) -> None:
+        self.outputs[i] = self.app.default_value
+        self.defaults[i] = reason
+        self.explanations[i] = why
+
+    def on_deadline(self) -> None:
+        self.timer = None
+        if self.respond is None:
+            return
+        for i in range(self.n):
+            if self.outputs[i] is _UNSET:
+                self.set_default(i, "slo", SLO_MISSED)
+        self.remaining = 0
+        self.finish()
+
+    def reject(self, cause: str) -> None:
+        respond = self.respond
+        assert respond is not None
+        self.respond = None
+        if self.timer is not None:
+            self.timer.cancel()
+        respond(503, orjson.dumps({"error": QueryRejected.error, "cause": cause}))
+
+    def finish(self) -> None:
+        respond = self.respond
+        assert respond is not None
+        self.respond = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        respond(200, self.proc.render(self))
+
+
+class QueryProcessor:
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        cache: PredictionCache,
+        clock: Clock,
+        metrics: Metrics,
+        schedulers: dict[tuple[str, str], ModelScheduler],
+    ) -> None:
+        self.registry = registry
+        self.cache = cache
+        self.clock = clock
+        self.metrics = metrics
+        self.schedulers = schedulers
+        self._query_ids = itertools.count()
+        self._app_metrics: dict[str, tuple[Any, Any]] = {}
+        self._cache_metrics: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    # -- the predict route -------------------------------------------------------------------
+    def predict(self, app_name: str, body: bytes, respond: Respond) -> None:
+        """Answer ``POST /{app}/predict``. Raises :class:`RequestError` for bad requests
+        (nothing has been queued then); otherwise ``respond`` is called exactly once."""
+        t0 = self.clock.now()
+        app = self.registry.apps.get(app_name)
+        if app is None:
+            raise NotFoundError(
+                f"no application named '{app_name}'; registered applications: "
+                f"{sorted(self.registry.apps) or 'none'}"
+            )
+        items, version = self._parse_predict(app, body)
+        payloads = [parse_input(app.input_type, item) for item in items]
+        linked = self.registry.links.get(app_name) or []
+        if version is not None and len(linked) > 1:
+            raise QueryProcessingError(f"Too many models linked to application {app_name}")
+        model_name = linked[0] if linked else ""
+        q = _Query(self, app, len(payloads), respond, t0, model_name)
+        if not linked:
+            for i in range(q.n):
+                q.set_default(i, "no_model", NO_MODELS)
+            q.remaining = 0
+            q.finish()
+            return
+        if version is None:
+            version = self.registry.current.get(model_name)
+            if version is None:
+                for i in range(q.n):
+                    q.set_default(i, "no_model", NO_MODELS)
+                q.remaining = 0
+                q.finish()
+                return
+        elif version not in self.registry.models.get(model_name, {}):
+            raise QueryProcessingError(
+                f"Requested version: {version} does not exist for model: {model_name}"
+            )
+        sched = self.schedulers.get((model_name, version))
+        if sched is None or not sched.replicas:
+            mv = self.registry.models[model_name][version]
+            if mv.num_replicas == 0 or sched is None:
+                reason, why = "no_model", NO_MODELS
+            else:
+                reason, why = (
+                    "no_replica",
+                    (
+                        f"No replica of model {model_name}:{version} is alive "
+                        f"({mv.num_replicas} configured); it is being restarted"
+                    ),
+                )
+            for i in range(q.n):
+                q.set_default(i, reason, why)
+            q.remaining = 0
+            q.finish()
+            return
+        if sched.slo_s > app.slo_s:
+            sched.set_slo(app.slo_s)
+        deadline = t0 + app.slo_s
+        hits, misses = self._cache_counters(model_name, version)
+        submitted = False
+        cache = self.cache
+        for i, payload in enumerate(payloads):
+            waiter = q.waiter(i)
+            if app.cache:
+                key = (model_name, version, payload)
+                status, value = cache.get_or_join(key, waiter)
+                if status is Lookup.HIT:
+                    hits.inc()
+                    q.fill(i, value, None)
+                    continue
+                misses.inc()
+                if status is Lookup.JOINED:
+                    continue
+                task = Task(payload, deadline, t0, key, None)
+            else:
+                task = Task(payload, deadline, t0, None, waiter)
+            try:
+                sched.submit(task)
+            except OverloadedError as e:
+                if task.key is not None:
+                    cache.fail(task.key, e)
+                else:
+                    waiter(None, e)
+                if q.respond is None:
+                    break  # rejected with 503
+                continue
+            submitted = True
+        if submitted:
+            sched.pump()
+        if q.respond is not None and q.remaining:
+            q.timer = asyncio.get_running_loop().call_later(
+                max(deadline - self.clock.now(), 0.0), q.on_deadline
+            )
+
+    def _parse_predict(self, app: Application, body: bytes) -> tuple[list[Any], str | None]:
+        schema = app.input_type.schema()
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise BadInputError(
+                f"Error parsing JSON: {e}. Expected JSON schema: {schema}"
+            ) from None
+        if not isinstance(doc, dict):
+            raise BadInputError(
+                f"Error parsing JSON: the body must be a JSON object. Expected JSON schema: {schema}"
+            )
+        version = doc.get("version")
+        if version is not None and not isinstance(version, str):
+            raise BadInputError(
+                f'Error parsing JSON: "version" must be a string, got {type(version).__name__}'
+            )
+        if "input" in doc:
+            return [doc["input"]], version
+        batch = doc.get("input_batch")
+        if batch is None:
+            raise BadInputError(
+                "Error parsing JSON: JSON object does not have required keys input or "
+                f"input_batch. Expected JSON schema: {schema}"
+            )
+        if not isinstance(batch, list) or not batch:
+            raise BadInputError(
+                'Error parsing JSON: "input_batch" must be a non-empty array. '
+                f"Expected JSON schema: {schema}"
+            )
+        return batch, version
+
+    # -- feedback ----------------------------------------------------------------------------
+    def feedback(self, app_name: str, body: bytes) -> bytes:
+        """``POST /{app}/update``: validated and acknowledged as the original does; the
+        selection layer (several models per app) is what consumes it."""
+        app = self.registry.apps.get(app_name)
+        if app is None:
+            raise NotFoundError(f"no application named '{app_name}'")
+        expected = '{"input": <input>, "label": <number>, "uid": <int, optional>}'
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise BadInputError(
+                f"Error parsing JSON: {e}. Expected JSON schema: {expected}"
+            ) from None
+        if not isinstance(doc, dict) or "input" not in doc or "label" not in doc:
+            raise BadInputError(
+                "Error parsing JSON: feedback needs keys input and label. "
+                f"Expected JSON schema: {expected}"
+            )
+        label = doc["label"]
+        if isinstance(label, bool) or not isinstance(label, int | float):
+            raise BadInputError(
+                f"Error parsing JSON: label must be a number. Expected JSON schema: {expected}"
+            )
+        parse_input(app.input_type, doc["input"])
+        return b"Feedback received? 1"
+
+    # -- answers -----------------------------------------------------------------------------
+    def explain(self, model: str, err: BaseException) -> tuple[str, str]:
+        if isinstance(err, ModelError):
+            return "model_error", f"The model {model} raised an error: {err}"
+        if isinstance(err, OverloadedError):
+            return "overload", f"Query shed under overload: {err}"
+        if isinstance(err, DeadlineExceeded):
+            return "slo", SLO_MISSED
+        if isinstance(err, RegistryError):
+            return "no_model", NO_MODELS
+        return "error", f"{type(err).__name__}: {err}"
+
+    def render(self, q: _Query) -> bytes:
+        app_name = q.app.name
+        requests, latency = self._app_counters(app_name)
+        requests.inc()
+        latency.observe(self.clock.now() - q.t0)
+        preds: list[dict[str, Any]] = []
+        for i in range(q.n):
+            qid = next(self._query_ids)
+            reason = q.defaults[i]
+            if reason is None:
+                preds.append({"query_id": qid, "output": q.outputs[i], "default": False})
+            else:
+                self.metrics.defaults.labels(app=app_name, reason=reason).inc()
+                preds.append(
+                    {
+                        "query_id": qid,
+                        "output": q.outputs[i],
+                        "default": True,
+                        "default_explanation": q.explanations[i],
+                    }
+                )
+        doc: Any = preds[0] if q.single else {"batch_predictions": preds}
+        return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def _app_counters(self, app: str) -> tuple[Any, Any]:
+        m = self._app_metrics.get(app)
+        if m is None:
+            m = self._app_metrics[app] = (
+                self.metrics.requests.labels(app=app),
+                self.metrics.latency.labels(app=app),
+            )
+        return m
+
+    def _cache_counters(self, model: str, version: str) -> tuple[Any, Any]:
+        k = (model, version)
+        m = self._cache_metrics.get(k)
+        if m is None:
+            m = self._cache_metrics[k] = (
+                self.metrics.cache_hits.labels(model=model, version=version),
+                self.metrics.cache_misses.labels(model=model, version=version),
+            )
+        return m

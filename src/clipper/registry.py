@@ -1,0 +1,241 @@
+"""Applications, model versions and links: the in-process registry.
+
+Data only, no I/O. Every change is announced to listeners as a :class:`Change`, which is the seam
+where the persistent config store (SQLite/Redis) and the runtime (queues, replicas) attach.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import orjson
+
+from clipper.config import BatchingConfig
+from clipper.errors import RegistryError
+from clipper.inputs import InputType
+
+__all__ = ["Application", "Change", "ModelVersion", "Registry", "embed_output"]
+
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
+
+Overload = Literal["default", "reject"]
+
+
+def embed_output(text: str) -> Any:
+    """The original's rule: an output string that parses as JSON is embedded as JSON."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def check_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise RegistryError(
+            f"invalid {kind} name {name!r}: use letters, digits, '.', '_' or '-' "
+            "(starting and ending with a letter or digit, at most 128 characters)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Application:
+    name: str
+    input_type: InputType
+    default_output: str
+    latency_slo_micros: int
+    cache: bool = True
+    # What to do with a query that cannot meet its deadline: answer the default output at once,
+    # or reject it with 503 so that a client with its own fallback can retry elsewhere.
+    overload: Overload = "default"
+    default_value: Any = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        check_name("application", self.name)
+        if not isinstance(self.latency_slo_micros, int) or not (
+            1 <= self.latency_slo_micros <= 2**31 - 1
+        ):
+            raise RegistryError(
+                f"latency_slo_micros must be a positive 32-bit integer, got {self.latency_slo_micros!r}"
+            )
+        if not isinstance(self.default_output, str):
+            raise RegistryError("default_output must be a string (JSON text is embedded as JSON)")
+        if self.overload not in ("default", "reject"):
+            raise RegistryError(f"overload must be 'default' or 'reject', got {self.overload!r}")
+        object.__setattr__(self, "default_value", embed_output(self.default_output))
+
+    @property
+    def slo_s(self) -> float:
+        return self.latency_slo_micros / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class ModelVersion:
+    name: str
+    version: str
+    input_type: InputType
+    labels: tuple[str, ...] = ()
+    # A cloudpickle file with a function or an object with predict(); None for containers that
+    # someone else starts (they dial in to the RPC port, as in the original).
+    artifact: str | None = None
+    container_name: str = "clipper-serve/python"
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    num_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        check_name("model", self.name)
+        check_name("version", self.version)
+        if self.num_replicas < 0:
+            raise RegistryError(f"num_replicas must be >= 0, got {self.num_replicas}")
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.name, self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    kind: Literal["app", "model", "link", "version", "replicas"]
+    op: Literal["add", "update", "delete"]
+    name: str
+    version: str | None = None
+
+
+Listener = Callable[[Change], None]
+
+
+class Registry:
+    """The catalogue of what is served. Links are app -> model name; a model name resolves
+    to its current version at query time, so a version switch is one assignment."""
+
+    def __init__(self) -> None:
+        self.apps: dict[str, Application] = {}
+        self.models: dict[str, dict[str, ModelVersion]] = {}
+        self.current: dict[str, str] = {}
+        self.links: dict[str, list[str]] = {}
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _emit(self, change: Change) -> None:
+        for listener in self._listeners:
+            listener(change)
+
+    # applications
+    def add_app(self, app: Application) -> None:
+        if app.name in self.apps:
+            raise RegistryError(f"application '{app.name}' already exists")
+        self.apps[app.name] = app
+        self.links[app.name] = []
+        self._emit(Change("app", "add", app.name))
+
+    def update_app(self, name: str, **changes: Any) -> Application:
+        app = self.get_app(name)
+        if "default_output" in changes:
+            changes["default_value"] = None
+        updated = replace(app, **changes)
+        self.apps[name] = updated
+        self._emit(Change("app", "update", name))
+        return updated
+
+    def delete_app(self, name: str) -> None:
+        self.get_app(name)
+        del self.apps[name]
+        self.links.pop(name, None)
+        self._emit(Change("app", "delete", name))
+
+    def get_app(self, name: str) -> Application:
+        try:
+            return self.apps[name]
+        except KeyError:
+            raise RegistryError(f"Application '{name}' does not exist") from None
+
+    # models
+    def add_model(self, mv: ModelVersion) -> None:
+        versions = self.models.setdefault(mv.name, {})
+        if mv.version in versions:
+            raise RegistryError(
+                f"model with name '{mv.name}' and version '{mv.version}' already exists"
+            )
+        for app_name, names in self.links.items():
+            app = self.apps[app_name]
+            if mv.name in names and app.input_type is not mv.input_type:
+                raise RegistryError(
+                    f"model '{mv.name}' is linked to application '{app_name}' whose input type "
+                    f"is {app.input_type.readable}, but version '{mv.version}' takes "
+                    f"{mv.input_type.readable}"
+                )
+        versions[mv.version] = mv
+        self._emit(Change("model", "add", mv.name, mv.version))
+
+    def get_model(self, name: str, version: str | None = None) -> ModelVersion:
+        versions = self.models.get(name)
+        if not versions:
+            raise RegistryError(f"No model with name '{name}' exists.")
+        v = version if version is not None else self.current.get(name)
+        if v is None or v not in versions:
+            raise RegistryError(f"Requested version: {v} does not exist for model: {name}")
+        return versions[v]
+
+    def set_model_version(self, name: str, version: str) -> None:
+        if name not in self.models:
+            raise RegistryError(f"Cannot set version for nonexistent model '{name}'")
+        if version not in self.models[name]:
+            raise RegistryError(f"Cannot set non-existent version '{version}' for model '{name}'")
+        self.current[name] = version
+        self._emit(Change("version", "update", name, version))
+
+    def set_num_replicas(self, name: str, version: str, n: int) -> ModelVersion:
+        mv = replace(self.get_model(name, version), num_replicas=n)
+        self.models[name][version] = mv
+        self._emit(Change("replicas", "update", name, version))
+        return mv
+
+    def delete_model_version(self, name: str, version: str) -> None:
+        self.get_model(name, version)
+        del self.models[name][version]
+        if self.current.get(name) == version:
+            del self.current[name]
+        if not self.models[name]:
+            del self.models[name]
+        self._emit(Change("model", "delete", name, version))
+
+    # links
+    def link(self, app_name: str, model_name: str) -> None:
+        app = self.apps.get(app_name)
+        if app is None:
+            raise RegistryError(f"No app with name '{app_name}' exists.")
+        if model_name not in self.models:
+            raise RegistryError(f"No model with name '{model_name}' exists.")
+        linked = self.links[app_name]
+        if model_name in linked:
+            raise RegistryError(
+                f"A model with name {model_name} is already linked to '{app_name}'."
+            )
+        if linked:
+            raise RegistryError(
+                "Applications must be linked with at most one model. "
+                f"'{app_name}' is already linked to '{linked[0]}'."
+            )
+        bad = [mv for mv in self.models[model_name].values() if mv.input_type is not app.input_type]
+        if bad:
+            raise RegistryError(
+                f"Model '{model_name}' takes {bad[0].input_type.readable} but application "
+                f"'{app_name}' takes {app.input_type.readable}"
+            )
+        linked.append(model_name)
+        self._emit(Change("link", "add", app_name, model_name))
+
+    def unlink(self, app_name: str, model_name: str) -> None:
+        if app_name not in self.apps:
+            raise RegistryError(f"No app with name '{app_name}' exists.")
+        if model_name not in self.links[app_name]:
+            raise RegistryError(f"Model '{model_name}' is not linked to '{app_name}'")
+        self.links[app_name].remove(model_name)
+        self._emit(Change("link", "delete", app_name, model_name))
+
+    def linked_models(self, app_name: str) -> list[str]:
+        return list(self.links.get(app_name, ()))

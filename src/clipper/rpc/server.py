@@ -1,0 +1,229 @@
+"""The frontend's end of the container RPC: one ZeroMQ ROUTER on the event loop.
+
+Containers dial in (as in the original). The socket is read from a loop reader callback, never
+from a thread or a task per message; batches go out as one multipart message each. A replica is
+registered when its metadata arrives and removed when it has been silent longer than its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import cast
+
+import zmq
+
+from clipper.batching.queue import Task
+from clipper.batching.scheduler import Replica
+from clipper.clock import Clock
+from clipper.errors import WireError
+from clipper.inputs import InputType
+from clipper.registry import embed_output
+from clipper.rpc import wire
+
+__all__ = ["RpcServer"]
+
+log = logging.getLogger("clipper.rpc")
+
+# Called with the decoded metadata and the identity; returns the registered replica, or None
+# when no such model version is known (the container is asked for metadata again later).
+Registrar = Callable[[wire.NewContainer, bytes], Replica | None]
+Remover = Callable[[Replica], None]
+
+_DRAIN_BATCH = 256
+_V3_ERROR_KEY = "__clipper_error__"
+
+
+class RpcServer:
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        clock: Clock,
+        registrar: Registrar,
+        on_removed: Remover,
+        input_type_of: Callable[[Replica], InputType],
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.clock = clock
+        self._registrar = registrar
+        self._on_removed = on_removed
+        self._input_type_of = input_type_of
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._replicas: dict[bytes, Replica] = {}
+        self._msg_id = 0
+        self._drain_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._liveness: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas.values())
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._ctx = zmq.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # Queue bounds: a replica that stops reading must not grow our memory without limit.
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        if self.port == 0:
+            self.port = sock.bind_to_random_port(f"tcp://{self.host}")
+        else:
+            sock.bind(f"tcp://{self.host}:{self.port}")
+        self._sock = sock
+        self._loop.add_reader(_fd(sock), self._drain)
+        self._liveness = asyncio.create_task(self._check_liveness(), name="clipper-rpc-liveness")
+        # Messages may have queued before the reader was attached; the FD is edge-triggered.
+        self._loop.call_soon(self._drain)
+
+    async def stop(self) -> None:
+        if self._liveness is not None:
+            self._liveness.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._liveness
+            self._liveness = None
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(_fd(self._sock))
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    # outbound
+    def send_batch(self, replica: Replica, tasks: list[Task]) -> int:
+        sock = self._sock
+        if sock is None:
+            raise WireError("the RPC server is stopped")
+        msg_id = self._msg_id
+        self._msg_id = (msg_id + 1) & 0xFFFFFFFF
+        payloads = [t.payload for t in tasks]
+        itype = self._input_type_of(replica)
+        if replica.fast:
+            frames = wire.encode_predict_fast(msg_id, itype, payloads)
+        else:
+            frames = wire.encode_predict_v3(msg_id, itype.code, payloads)
+        self._send([replica.identity, *frames])
+        return msg_id
+
+    def _send(self, frames: list[bytes]) -> None:
+        sock = self._sock
+        assert sock is not None
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
+        except zmq.Again:
+            raise WireError("the replica's send queue is full") from None
+        # Sending can consume the FD's edge while messages wait: look again.
+        if not self._drain_scheduled and _events(sock) & zmq.POLLIN:
+            self._drain_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._drain)
+
+    # inbound
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        sock = self._sock
+        if sock is None:
+            return
+        for _ in range(_DRAIN_BATCH):
+            if not _events(sock) & zmq.POLLIN:
+                return
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._handle(frames)
+            except WireError as e:
+                log.warning("dropping a malformed message from %r: %s", frames[0], e)
+            except Exception:
+                log.exception("error handling a container message")
+        # More may be waiting; yield to the HTTP side first.
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._drain)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        msg = wire.decode_container_message(frames[1:])
+        replica = self._replicas.get(identity)
+        if replica is not None:
+            replica.last_seen = self.clock.now()
+        if isinstance(msg, wire.PredictResponse):
+            if replica is None or replica.scheduler is None:
+                return  # from a replica we already removed
+            outputs = msg.outputs
+            error = msg.error
+            if msg.raw_strings and outputs is not None:
+                outputs = [embed_output(o) if isinstance(o, str) else o for o in outputs]
+                first = outputs[0] if outputs else None
+                if isinstance(first, dict) and _V3_ERROR_KEY in first:
+                    error, outputs = str(first[_V3_ERROR_KEY]), None
+            replica.scheduler.on_response(
+                replica, msg.msg_id, outputs, error, sum(map(len, frames)) - len(identity)
+            )
+        elif isinstance(msg, wire.Heartbeat):
+            hb = (
+                wire.HeartbeatType.KEEP_ALIVE
+                if replica is not None
+                else wire.HeartbeatType.REQUEST_CONTAINER_METADATA
+            )
+            self._send([identity, *wire.encode_heartbeat_reply(hb)])
+        elif isinstance(msg, wire.NewContainer):
+            if replica is not None:
+                return
+            if msg.rpc_version != wire.RPC_VERSION:
+                log.error(
+                    "container %s:%s speaks RPC version %s, expected %s; not registered",
+                    msg.name,
+                    msg.version,
+                    msg.rpc_version,
+                    wire.RPC_VERSION,
+                )
+                return
+            new = self._registrar(msg, identity)
+            if new is not None:
+                self._replicas[identity] = new
+                log.info(
+                    "replica %s of %s:%s connected (%s framing)",
+                    new.replica_id,
+                    msg.name,
+                    msg.version,
+                    "fast" if new.fast else "v3",
+                )
+
+    def remove(self, replica: Replica) -> None:
+        if self._replicas.pop(replica.identity, None) is not None:
+            self._on_removed(replica)
+
+    async def _check_liveness(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            now = self.clock.now()
+            for replica in list(self._replicas.values()):
+                if now - replica.last_seen > replica.timeout:
+                    log.warning(
+                        "replica %s silent for %.1f s: removed",
+                        replica.replica_id,
+                        now - replica.last_seen,
+                    )
+                    self.remove(replica)
+
+
+def _fd(sock: zmq.Socket[bytes]) -> int:
+    return cast(int, sock.getsockopt(zmq.FD))
+
+
+def _events(sock: zmq.Socket[bytes]) -> int:
+    return cast(int, sock.getsockopt(zmq.EVENTS))

@@ -1,0 +1,503 @@
+"""The frontend, assembled: query API, RPC endpoint, schedulers, cache, local manager.
+
+``Clipper`` is the embedded entry point (``async with Clipper(...) as c``); ``clipper start`` runs
+the same object. The in-process registry is the source of truth; the runtime (schedulers and
+replica processes) follows it through registry change events, so the persistent store and the
+admin API attach to the same seam.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import signal
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import cloudpickle
+import orjson
+
+from clipper.batching.scheduler import ModelScheduler, Replica
+from clipper.cache import PredictionCache
+from clipper.clock import Clock, MonotonicClock
+from clipper.config import BatchingConfig, FrontendConfig
+from clipper.errors import ClipperError, NotFoundError, RegistryError, ReplicaError
+from clipper.frontend.http import JSON, HttpServer, Respond, json_response
+from clipper.frontend.metrics import Metrics
+from clipper.frontend.query import QueryProcessor
+from clipper.inputs import InputType
+from clipper.managers.local import LocalManager
+from clipper.registry import Application, Change, ModelVersion, Registry
+from clipper.rpc import wire
+from clipper.rpc.server import RpcServer
+
+__all__ = ["Clipper"]
+
+log = logging.getLogger("clipper")
+
+_UNLINKED_SLO_S = 0.1
+
+
+class Clipper:
+    """A clipper-serve frontend with the local container manager.
+
+    ::
+
+        async with Clipper(query_port=0, rpc_port=0) as c:
+            c.register_application("digits", "doubles", "-1", 20_000)
+            await c.deploy_model("logreg", "1", model, input_type="doubles")
+            c.link_model_to_app("digits", "logreg")
+            await c.serve_forever()
+    """
+
+    def __init__(
+        self, config: FrontendConfig | None = None, *, clock: Clock | None = None, **overrides: Any
+    ) -> None:
+        if config is None:
+            config = FrontendConfig(**overrides)
+        elif overrides:
+            raise ClipperError("pass either a FrontendConfig or keyword settings, not both")
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        self.registry = Registry()
+        self.metrics = Metrics()
+        self.cache = PredictionCache(config.cache_bytes, config.cache_policy)
+        self.schedulers: dict[tuple[str, str], ModelScheduler] = {}
+        self.processor = QueryProcessor(
+            registry=self.registry,
+            cache=self.cache,
+            clock=self.clock,
+            metrics=self.metrics,
+            schedulers=self.schedulers,
+        )
+        self.rpc = RpcServer(
+            host=config.rpc_host,
+            port=config.rpc_port,
+            clock=self.clock,
+            registrar=self._register_replica,
+            on_removed=self._replica_removed,
+            input_type_of=lambda r: r.scheduler.mv.input_type if r.scheduler else InputType.BYTES,
+        )
+        self.http = HttpServer(
+            self._route, host=config.host, port=config.query_port,
+            max_body_bytes=config.max_body_bytes,
+        )  # fmt: skip
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if config.state_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="clipper-")
+            self.state_dir = Path(self._tmp.name)
+        else:
+            self.state_dir = Path(config.state_dir)
+        self.manager = LocalManager(
+            rpc_host=lambda: (
+                self.config.rpc_host if self.config.rpc_host != "0.0.0.0" else "127.0.0.1"
+            ),
+            rpc_port=lambda: self.rpc.port,
+            state_dir=self.state_dir,
+            clock=self.clock,
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            python=config.python,
+            on_exit=self._process_exited,
+            drain=self._drain_token,
+        )
+        self._replica_ids: dict[tuple[str, str], itertools.count[int]] = {}
+        self._by_token: dict[str, Replica] = {}
+        self._ready_events: dict[tuple[str, str], asyncio.Event] = {}
+        self._started = False
+        self._stop_event: asyncio.Event | None = None
+        self.registry.subscribe(self._on_change)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._stop_event = asyncio.Event()
+        await self.rpc.start()
+        try:
+            await self.http.start()
+        except BaseException:
+            await self.rpc.stop()
+            raise
+        self._started = True
+        log.info(
+            "query API on http://%s:%s, RPC on %s",
+            self.config.host,
+            self.http.port,
+            self.rpc.address,
+        )
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        await self.manager.stop_all()
+        await self.http.stop()
+        for sched in self.schedulers.values():
+            sched.close(ReplicaError("the frontend is shutting down"))
+        await self.rpc.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def __aenter__(self) -> Clipper:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def serve_forever(self) -> None:
+        """Serve until SIGINT/SIGTERM (or :meth:`stop`), then stop cleanly."""
+        assert self._stop_event is not None, "start() first"
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._stop_event.set)
+                installed.append(sig)
+        try:
+            await self._stop_event.wait()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await self.stop()
+
+    @property
+    def query_port(self) -> int:
+        return self.http.port
+
+    @property
+    def query_url(self) -> str:
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        return f"http://{host}:{self.http.port}"
+
+    # -- registry operations -----------------------------------------------------------------
+    def register_application(
+        self,
+        name: str,
+        input_type: str | InputType,
+        default_output: str,
+        latency_slo_micros: int,
+        *,
+        cache: bool = True,
+        overload: Literal["default", "reject"] = "default",
+    ) -> Application:
+        app = Application(
+            name=name,
+            input_type=_input_type(input_type),
+            default_output=default_output,
+            latency_slo_micros=latency_slo_micros,
+            cache=cache,
+            overload=overload,
+        )
+        self.registry.add_app(app)
+        return app
+
+    def delete_application(self, name: str) -> None:
+        self.registry.delete_app(name)
+
+    def link_model_to_app(self, app_name: str, model_name: str) -> None:
+        self.registry.link(app_name, model_name)
+
+    def set_model_version(self, name: str, version: str) -> None:
+        self.registry.set_model_version(name, version)
+
+    async def deploy_model(
+        self,
+        name: str,
+        version: str,
+        model: Any = None,
+        *,
+        input_type: str | InputType,
+        num_replicas: int = 1,
+        batching: BatchingConfig | None = None,
+        labels: Sequence[str] = (),
+        artifact: str | Path | None = None,
+        set_current: bool = True,
+        wait: bool = True,
+        timeout: float = 60.0,
+    ) -> ModelVersion:
+        """Run ``model`` (a function, or an object with ``predict(inputs)``) in
+        ``num_replicas`` container processes. With ``wait`` it returns once they are all
+        connected; traffic switches to this version only then (when ``set_current``)."""
+        if (model is None) == (artifact is None):
+            raise ClipperError("deploy_model needs exactly one of model= or artifact=")
+        if artifact is None:
+            artifact = self._save_model(name, version, model)
+        mv = ModelVersion(
+            name=name,
+            version=version,
+            input_type=_input_type(input_type),
+            labels=tuple(labels),
+            artifact=str(artifact),
+            batching=batching or BatchingConfig(),
+            num_replicas=num_replicas,
+        )
+        self.registry.add_model(mv)
+        try:
+            await self.manager.ensure(mv)
+            if wait and num_replicas:
+                await self.wait_for_replicas(name, version, num_replicas, timeout=timeout)
+        except BaseException:
+            await self.manager.stop_model(name, version)
+            self.registry.delete_model_version(name, version)
+            raise
+        if set_current:
+            self.registry.set_model_version(name, version)
+        return mv
+
+    async def set_num_replicas(
+        self,
+        name: str,
+        num_replicas: int,
+        version: str | None = None,
+        *,
+        wait: bool = True,
+        timeout: float = 60.0,
+    ) -> None:
+        mv = self.registry.get_model(name, version)
+        mv = self.registry.set_num_replicas(name, mv.version, num_replicas)
+        await self.manager.ensure(mv)
+        if wait and num_replicas:
+            await self.wait_for_replicas(name, mv.version, num_replicas, timeout=timeout)
+
+    async def wait_for_replicas(
+        self, name: str, version: str, n: int, *, timeout: float = 60.0
+    ) -> None:
+        key = (name, version)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            sched = self.schedulers.get(key)
+            if sched is not None and len(sched.replicas) >= n:
+                return
+            failed = [p for p in self.manager.replicas(name, version) if p.restarts >= 3]
+            if failed:
+                raise ReplicaError(
+                    f"replica {failed[0].slot} of {name}:{version} exited {failed[0].restarts} "
+                    f"times (last exit code {failed[0].last_exit}); its log ends with:\n"
+                    f"{failed[0].log_tail()}"
+                )
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                connected = len(sched.replicas) if sched else 0
+                raise ReplicaError(
+                    f"{connected} of {n} replicas of {name}:{version} connected within {timeout} s"
+                )
+            event = self._ready_events.setdefault(key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                # Woken by a replica connecting; the timeout also re-checks failed processes.
+                await asyncio.wait_for(event.wait(), min(remaining, 0.5))
+            event.clear()
+
+    async def stop_model(self, name: str, version: str) -> None:
+        await self.manager.stop_model(name, version)
+        self.registry.delete_model_version(name, version)
+
+    def _save_model(self, name: str, version: str, model: Any) -> Path:
+        path = self.state_dir / "models" / name / version / "model.pkl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _by_value(model):
+            data = cloudpickle.dumps(model)
+        path.write_bytes(data)
+        return path
+
+    # -- runtime following the registry -------------------------------------------------------
+    def _on_change(self, change: Change) -> None:
+        if change.kind == "model" and change.op == "add":
+            assert change.version is not None
+            mv = self.registry.models[change.name][change.version]
+            self.schedulers[mv.key] = ModelScheduler(
+                mv,
+                slo_s=self._slo_for(change.name),
+                cache=self.cache,
+                clock=self.clock,
+                transport=self.rpc,
+                metrics=self.metrics,
+                queue_capacity=self.config.queue_capacity,
+            )
+            self.schedulers[mv.key].on_replicas_changed = self._replicas_changed
+        elif change.kind == "model" and change.op == "delete":
+            assert change.version is not None
+            sched = self.schedulers.pop((change.name, change.version), None)
+            if sched is not None:
+                for r in list(sched.replicas):
+                    self.rpc.remove(r)
+                sched.close(RegistryError(f"model {change.name}:{change.version} was deleted"))
+        elif change.kind in ("link", "app"):
+            for model in {m for names in self.registry.links.values() for m in names} | (
+                {change.version} if change.kind == "link" and change.version else set()
+            ):
+                slo = self._slo_for(model)
+                for (name, _), sched in self.schedulers.items():
+                    if name == model:
+                        sched.set_slo(slo)
+
+    def _slo_for(self, model: str) -> float:
+        slos = [
+            self.registry.apps[a].slo_s
+            for a, names in self.registry.links.items()
+            if model in names and a in self.registry.apps
+        ]
+        return min(slos) if slos else _UNLINKED_SLO_S
+
+    def _replicas_changed(self, sched: ModelScheduler) -> None:
+        event = self._ready_events.get(sched.mv.key)
+        if event is not None:
+            event.set()
+
+    def _register_replica(self, meta: wire.NewContainer, identity: bytes) -> Replica | None:
+        sched = self.schedulers.get((meta.name, meta.version))
+        if sched is None:
+            log.debug(
+                "container for unknown model %s:%s; asking again later", meta.name, meta.version
+            )
+            return None
+        if meta.input_code != sched.mv.input_type.code:
+            log.error(
+                "container for %s:%s takes input type %s but the model takes %s (%s); refused",
+                meta.name,
+                meta.version,
+                meta.input_code,
+                sched.mv.input_type.code,
+                sched.mv.input_type.readable,
+            )
+            return None
+        ids = self._replica_ids.setdefault(sched.mv.key, itertools.count())
+        fast = meta.fast
+        replica = Replica(
+            identity,
+            next(ids),
+            fast,
+            self.config.replica_timeout_s if fast else self.config.v3_replica_timeout_s,
+            self.clock.now(),
+        )
+        token = getattr(meta, "token", None)
+        if token:
+            replica.address = token
+            self._by_token[token] = replica
+        sched.add_replica(replica)
+        return replica
+
+    def _replica_removed(self, replica: Replica) -> None:
+        if replica.address:
+            self._by_token.pop(replica.address, None)
+        if replica.scheduler is not None:
+            replica.scheduler.remove_replica(replica)
+
+    def _process_exited(self, token: str) -> None:
+        # The manager saw the process die: no need to wait for the heartbeat timeout.
+        replica = self._by_token.get(token)
+        if replica is not None:
+            self.rpc.remove(replica)
+
+    async def _drain_token(self, token: str) -> None:
+        """Before a replica is stopped on purpose: send it no more batches and let those in
+        flight come back (bounded), so a scale-down or version switch loses no query."""
+        replica = self._by_token.get(token)
+        if replica is None or replica.scheduler is None:
+            return
+        replica.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2.0
+        while replica.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        self.rpc.remove(replica)
+
+    # -- routes ------------------------------------------------------------------------------
+    def _route(
+        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+    ) -> None:
+        parts = path.strip("/").split("/")
+        if method == b"POST" and len(parts) == 2:
+            app, verb = parts
+            if verb == "predict":
+                self.processor.predict(app, body, lambda status, data: respond(status, data, JSON))
+                return
+            if verb == "update":
+                respond(200, self.processor.feedback(app, body), JSON)
+                return
+        if method == b"GET":
+            if path == "/metrics":
+                accept = headers.get(b"accept", b"")
+                if b"application/json" in accept:
+                    json_response(respond, 200, self.metrics.to_json())
+                else:
+                    respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
+                return
+            if path in ("/health", "/healthz", "/health/live"):
+                json_response(respond, 200, {"status": "ok"})
+                return
+            if path in ("/ready", "/health/ready"):
+                missing = self._unready()
+                json_response(
+                    respond, 200 if not missing else 503,
+                    {"ready": not missing, "models_without_replicas": missing},
+                )  # fmt: skip
+                return
+        raise NotFoundError(
+            f"no route for {method.decode()} {path}; expected POST /<app>/predict, "
+            "POST /<app>/update, GET /metrics, GET /health or GET /ready"
+        )
+
+    def _unready(self) -> list[str]:
+        out = []
+        for names in self.registry.links.values():
+            for name in names:
+                version = self.registry.current.get(name)
+                sched = self.schedulers.get((name, version or ""))
+                mv = self.registry.models.get(name, {}).get(version or "")
+                if mv is not None and mv.num_replicas and (sched is None or not sched.replicas):
+                    out.append(f"{name}:{version}")
+        return out
+
+
+def _input_type(t: str | InputType) -> InputType:
+    if isinstance(t, InputType):
+        return t
+    try:
+        return InputType.parse(t)
+    except ValueError as e:
+        raise RegistryError(str(e)) from None
+
+
+@contextlib.contextmanager
+def _by_value(model: Any) -> Any:
+    """Pickle the model's own module by value when the container could not import it
+    (a script, a notebook, a test file): installed packages stay by reference."""
+    plain = isinstance(model, type) or (callable(model) and not hasattr(model, "predict"))
+    obj = model if plain else type(model)
+    modname = getattr(obj, "__module__", None)
+    module = sys.modules.get(modname or "")
+    registered = False
+    if module is not None and modname not in ("__main__", "builtins") and _is_local(module):
+        cloudpickle.register_pickle_by_value(module)
+        registered = True
+    try:
+        yield
+    finally:
+        if registered and module is not None:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _is_local(module: Any) -> bool:
+    path = getattr(module, "__file__", None)
+    if not path:
+        return False
+    resolved = str(Path(path).resolve())
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    if any(resolved.startswith(str(Path(r).resolve())) for r in roots):
+        return False
+    return not resolved.startswith(str(Path(__file__).resolve().parent))
+
+
+def _dumps(doc: Any) -> bytes:
+    return orjson.dumps(doc)
