@@ -380,7 +380,7 @@ class Clipper:
             self.config.replica_timeout_s if fast else self.config.v3_replica_timeout_s,
             self.clock.now(),
         )
-        token = getattr(meta, "token", None)
+        token = meta.token
         if token:
             replica.address = token
             self._by_token[token] = replica

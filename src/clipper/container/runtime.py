@@ -154,7 +154,9 @@ class _Server:
         parent_pid: int | None,
         stop_event: threading.Event,
         log: logging.LoggerAdapter[logging.Logger],
+        token: str = "",
     ) -> None:
+        self.token = token
         self.predict = _predict_fn(model)
         self.name, self.version, self.input_type = name, version, input_type
         self.address = address
@@ -307,7 +309,11 @@ class _Server:
             if msg.type == HeartbeatType.REQUEST_CONTAINER_METADATA:
                 sock.send_multipart(
                     encode_new_container(
-                        self.name, self.version, self.input_type.code, fast=self.fast
+                        self.name,
+                        self.version,
+                        self.input_type.code,
+                        fast=self.fast,
+                        token=self.token,
                     )
                 )
                 self.log.info("sent metadata (fast=%s)", self.fast)
@@ -374,6 +380,7 @@ def serve(
     fast: bool = True,
     parent_pid: int | None = None,
     stop_event: threading.Event | None = None,
+    token: str = "",
 ) -> None:
     """Serve ``model`` to the frontend at ``address`` until ``stop_event`` is set (or the
     parent process is gone). Runs ``model.setup()`` first when it exists."""
@@ -393,6 +400,7 @@ def serve(
         parent_pid=parent_pid,
         stop_event=stop_event or threading.Event(),
         log=log,
+        token=token,
     ).run()
 
 
@@ -459,6 +467,12 @@ def _parser() -> argparse.ArgumentParser:
         default=int(parent) if parent else None,
         help="exit when this process is gone [CLIPPER_PARENT_PID]",
     )
+    p.add_argument(
+        "--replica-token",
+        default=_env("CLIPPER_REPLICA_TOKEN", "") or "",
+        help="opaque slot token sent with the metadata (set by the local manager) "
+        "[CLIPPER_REPLICA_TOKEN]",
+    )
     return p
 
 
@@ -495,6 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fast=not args.v3_only,
             parent_pid=args.parent_pid,
             stop_event=stop,
+            token=args.replica_token,
         )
     except Exception:
         _log.exception("[%s:%s pid=%d] container failed", args.name, args.version, os.getpid())

@@ -11,7 +11,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import orjson
@@ -83,8 +83,8 @@ class _Connection(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
+        self.transport = cast(asyncio.Transport, transport)
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -146,7 +146,7 @@ class LocalManager:
             "--port", str(self._rpc_port()),
             "--heartbeat-interval", str(self.heartbeat_interval_s),
             "--parent-pid", str(os.getpid()),
-            # "--replica-token", proc.token,
+            "--replica-token", proc.token,
         ]  # fmt: skip
 
     def _env(self) -> dict[str, str]:

@@ -130,6 +130,7 @@ class NewContainer:
     input_code: int
     rpc_version: int | None
     fast: bool
+    token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +370,7 @@ def encode_heartbeat() -> list[bytes]:
 
 
 def encode_new_container(
-    name: str, version: str, input_code: int, *, fast: bool = True
+    name: str, version: str, input_code: int, *, fast: bool = True, token: str = ""
 ) -> list[bytes]:
     frames = [
         _EMPTY,
@@ -381,6 +382,10 @@ def encode_new_container(
     ]
     if fast:
         frames.append(FAST_TOKEN)
+        if token:
+            # Ours only: the slot token the local manager gave this process, so the frontend
+            # can tie the connection to the process (drain before stop, removal on exit).
+            frames.append(token.encode())
     return frames
 
 
@@ -447,7 +452,8 @@ def _decode_new_container(frames: Sequence[Frame]) -> NewContainer:
     # The version frame is optional in the original (checked with more()); so is ours.
     rpc_version = _u32(frames, 5, "RPC version") if len(frames) > 5 else None
     fast = len(frames) > 6 and bytes(frames[6]) == FAST_TOKEN
-    return NewContainer(name, version, int(code_text), rpc_version, fast)
+    token = _utf8(frames, 7, "replica token") if fast and len(frames) > 7 else ""
+    return NewContainer(name, version, int(code_text), rpc_version, fast, token)
 
 
 def _decode_response_v3(frames: Sequence[Frame]) -> PredictResponse:
