@@ -1,0 +1,123 @@
+"""The ``clipper`` command. Every flag also reads an environment variable (CLIPPER_*)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from clipper.config import FrontendConfig
+from clipper.errors import ClipperError
+
+__all__ = ["main"]
+
+
+def _env(name: str, default: Any) -> Any:
+    return os.environ.get(f"CLIPPER_{name}", default)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clipper", description="clipper-serve: prediction serving")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("start", help="run a frontend with the local container manager")
+    s.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="query API address [CLIPPER_HOST]")
+    s.add_argument("--query-port", type=int, default=int(_env("QUERY_PORT", 1337)), help="[CLIPPER_QUERY_PORT]")
+    s.add_argument("--rpc-host", default=_env("RPC_HOST", "127.0.0.1"), help="container RPC address [CLIPPER_RPC_HOST]")
+    s.add_argument("--rpc-port", type=int, default=int(_env("RPC_PORT", 7000)), help="[CLIPPER_RPC_PORT]")
+    s.add_argument("--state-dir", default=_env("STATE_DIR", None), help="models and logs (default: a temporary directory) [CLIPPER_STATE_DIR]")
+    s.add_argument("--cache-bytes", type=int, default=int(_env("CACHE_BYTES", 32 * 2**20)), help="prediction cache size; 0 disables storing [CLIPPER_CACHE_BYTES]")
+    s.add_argument("--cache-policy", choices=("clock", "lru"), default=_env("CACHE_POLICY", "clock"), help="[CLIPPER_CACHE_POLICY]")
+    s.add_argument("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", 10 * 2**20)), help="larger request bodies get 413 [CLIPPER_MAX_BODY_BYTES]")
+    s.add_argument("--queue-capacity", type=int, default=int(_env("QUEUE_CAPACITY", 50_000)), help="per model version [CLIPPER_QUEUE_CAPACITY]")
+    s.add_argument("--demo", action="store_true", default=_env("DEMO", "") in ("1", "true"), help="deploy the demo applications [CLIPPER_DEMO]")
+    s.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[CLIPPER_LOG_LEVEL]")
+
+    q = sub.add_parser("predict", help="send one query to a running frontend")
+    q.add_argument("app")
+    q.add_argument("input", help='the input as JSON, e.g. "[1.0, 2.0]"')
+    q.add_argument("--url", default=_env("URL", "http://127.0.0.1:1337"), help="[CLIPPER_URL]")
+    return p  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "start":
+        return _start(args)
+    return _predict(args)
+
+
+def _start(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = FrontendConfig(
+            host=args.host,
+            query_port=args.query_port,
+            rpc_host=args.rpc_host,
+            rpc_port=args.rpc_port,
+            state_dir=Path(args.state_dir) if args.state_dir else None,
+            cache_bytes=args.cache_bytes,
+            cache_policy=args.cache_policy,
+            max_body_bytes=args.max_body_bytes,
+            queue_capacity=args.queue_capacity,
+        )
+    except ClipperError as e:
+        print(f"clipper: {e}", file=sys.stderr)
+        return 2
+    import uvloop
+
+    try:
+        uvloop.run(_serve(config, args.demo))
+    except ClipperError as e:
+        print(f"clipper: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"clipper: cannot start: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(config: FrontendConfig, demo: bool) -> None:
+    from clipper.server import Clipper
+
+    async with Clipper(config) as clipper:
+        if demo:
+            from clipper.demo import deploy_demo
+
+            for line in await deploy_demo(clipper):
+                print(line, flush=True)
+        print(f"clipper-serve ready: query API at {clipper.query_url}", flush=True)
+        await clipper.serve_forever()
+
+
+def _predict(args: argparse.Namespace) -> int:
+    body = b'{"input": ' + args.input.encode() + b"}"
+    req = urllib.request.Request(
+        f"{args.url.rstrip('/')}/{args.app}/predict",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            print(r.read().decode())
+            return 0
+    except urllib.error.HTTPError as e:
+        print(e.read().decode(), file=sys.stderr)
+        return 1
+    except urllib.error.URLError as e:
+        print(f"clipper: cannot reach {args.url}: {e.reason}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Demo applications for ``clipper start --demo``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clipper.demo.models import Stats, train_digits
+from clipper.server import Clipper
+
+__all__ = ["deploy_demo"]
+
+
+async def deploy_demo(clipper: Clipper) -> list[str]:
+    """``demo`` (any list of numbers -> its statistics), and ``digits`` (scikit-learn logistic
+    regression on the 8x8 digits data set) when scikit-learn is installed."""
+    lines: list[str] = []
+    clipper.register_application("demo", "doubles", '{"sum": null}', 100_000)
+    await clipper.deploy_model("stats", "1", Stats(), input_type="doubles")
+    clipper.link_model_to_app("demo", "stats")
+    base = clipper.query_url
+    lines.append(
+        f"demo app: curl -X POST {base}/demo/predict -d '{{\"input\": [1, 2, 3.5]}}'"
+    )
+    model: Any = train_digits()
+    if model is not None:
+        clipper.register_application("digits", "doubles", "-1", 20_000)
+        await clipper.deploy_model("logreg", "1", model, input_type="doubles")
+        clipper.link_model_to_app("digits", "logreg")
+        lines.append(f"digits app: POST {base}/digits/predict with 64 pixel values (0-16)")
+    return lines
