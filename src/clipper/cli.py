@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -28,16 +27,55 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("start", help="run a frontend with the local container manager")
-    s.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="query API address [CLIPPER_HOST]")
-    s.add_argument("--query-port", type=int, default=int(_env("QUERY_PORT", 1337)), help="[CLIPPER_QUERY_PORT]")
-    s.add_argument("--rpc-host", default=_env("RPC_HOST", "127.0.0.1"), help="container RPC address [CLIPPER_RPC_HOST]")
-    s.add_argument("--rpc-port", type=int, default=int(_env("RPC_PORT", 7000)), help="[CLIPPER_RPC_PORT]")
-    s.add_argument("--state-dir", default=_env("STATE_DIR", None), help="models and logs (default: a temporary directory) [CLIPPER_STATE_DIR]")
-    s.add_argument("--cache-bytes", type=int, default=int(_env("CACHE_BYTES", 32 * 2**20)), help="prediction cache size; 0 disables storing [CLIPPER_CACHE_BYTES]")
-    s.add_argument("--cache-policy", choices=("clock", "lru"), default=_env("CACHE_POLICY", "clock"), help="[CLIPPER_CACHE_POLICY]")
-    s.add_argument("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", 10 * 2**20)), help="larger request bodies get 413 [CLIPPER_MAX_BODY_BYTES]")
-    s.add_argument("--queue-capacity", type=int, default=int(_env("QUEUE_CAPACITY", 50_000)), help="per model version [CLIPPER_QUEUE_CAPACITY]")
-    s.add_argument("--demo", action="store_true", default=_env("DEMO", "") in ("1", "true"), help="deploy the demo applications [CLIPPER_DEMO]")
+    s.add_argument(
+        "--host", default=_env("HOST", "127.0.0.1"), help="query API address [CLIPPER_HOST]"
+    )
+    s.add_argument(
+        "--query-port", type=int, default=int(_env("QUERY_PORT", 1337)), help="[CLIPPER_QUERY_PORT]"
+    )
+    s.add_argument(
+        "--rpc-host",
+        default=_env("RPC_HOST", "127.0.0.1"),
+        help="container RPC address [CLIPPER_RPC_HOST]",
+    )
+    s.add_argument(
+        "--rpc-port", type=int, default=int(_env("RPC_PORT", 7000)), help="[CLIPPER_RPC_PORT]"
+    )
+    s.add_argument(
+        "--state-dir",
+        default=_env("STATE_DIR", None),
+        help="models and logs (default: a temporary directory) [CLIPPER_STATE_DIR]",
+    )
+    s.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=int(_env("CACHE_BYTES", 32 * 2**20)),
+        help="prediction cache size; 0 disables storing [CLIPPER_CACHE_BYTES]",
+    )
+    s.add_argument(
+        "--cache-policy",
+        choices=("clock", "lru"),
+        default=_env("CACHE_POLICY", "clock"),
+        help="[CLIPPER_CACHE_POLICY]",
+    )
+    s.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=int(_env("MAX_BODY_BYTES", 10 * 2**20)),
+        help="larger request bodies get 413 [CLIPPER_MAX_BODY_BYTES]",
+    )
+    s.add_argument(
+        "--queue-capacity",
+        type=int,
+        default=int(_env("QUEUE_CAPACITY", 50_000)),
+        help="per model version [CLIPPER_QUEUE_CAPACITY]",
+    )
+    s.add_argument(
+        "--demo",
+        action="store_true",
+        default=_env("DEMO", "") in ("1", "true"),
+        help="deploy the demo applications [CLIPPER_DEMO]",
+    )
     s.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[CLIPPER_LOG_LEVEL]")
 
     q = sub.add_parser("predict", help="send one query to a running frontend")

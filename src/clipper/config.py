@@ -1,4 +1,4 @@
-"""Typed settings, validated when built. Every CLI flag maps to one field (and a CLIPPER_* env var)."""
+"""Typed settings, validated when built; each CLI flag maps to a field and a CLIPPER_* env var."""
 
 from __future__ import annotations
 

@@ -58,7 +58,8 @@ class Application:
             1 <= self.latency_slo_micros <= 2**31 - 1
         ):
             raise RegistryError(
-                f"latency_slo_micros must be a positive 32-bit integer, got {self.latency_slo_micros!r}"
+                "latency_slo_micros must be a positive 32-bit integer, "
+                f"got {self.latency_slo_micros!r}"
             )
         if not isinstance(self.default_output, str):
             raise RegistryError("default_output must be a string (JSON text is embedded as JSON)")

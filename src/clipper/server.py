@@ -42,6 +42,7 @@ __all__ = ["Clipper"]
 log = logging.getLogger("clipper")
 
 _UNLINKED_SLO_S = 0.1
+_DRAIN_TIMEOUT_S = 2.0
 
 
 class Clipper:
@@ -223,7 +224,7 @@ class Clipper:
         artifact: str | Path | None = None,
         set_current: bool = True,
         wait: bool = True,
-        timeout: float = 60.0,
+        ready_timeout_s: float = 60.0,
     ) -> ModelVersion:
         """Run ``model`` (a function, or an object with ``predict(inputs)``) in
         ``num_replicas`` container processes. With ``wait`` it returns once they are all
@@ -245,7 +246,9 @@ class Clipper:
         try:
             await self.manager.ensure(mv)
             if wait and num_replicas:
-                await self.wait_for_replicas(name, version, num_replicas, timeout=timeout)
+                await self.wait_for_replicas(
+                    name, version, num_replicas, ready_timeout_s=ready_timeout_s
+                )
         except BaseException:
             await self.manager.stop_model(name, version)
             self.registry.delete_model_version(name, version)
@@ -261,20 +264,22 @@ class Clipper:
         version: str | None = None,
         *,
         wait: bool = True,
-        timeout: float = 60.0,
+        ready_timeout_s: float = 60.0,
     ) -> None:
         mv = self.registry.get_model(name, version)
         mv = self.registry.set_num_replicas(name, mv.version, num_replicas)
         await self.manager.ensure(mv)
         if wait and num_replicas:
-            await self.wait_for_replicas(name, mv.version, num_replicas, timeout=timeout)
+            await self.wait_for_replicas(
+                name, mv.version, num_replicas, ready_timeout_s=ready_timeout_s
+            )
 
     async def wait_for_replicas(
-        self, name: str, version: str, n: int, *, timeout: float = 60.0
+        self, name: str, version: str, n: int, *, ready_timeout_s: float = 60.0
     ) -> None:
         key = (name, version)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + ready_timeout_s
         while True:
             sched = self.schedulers.get(key)
             if sched is not None and len(sched.replicas) >= n:
@@ -290,7 +295,8 @@ class Clipper:
             if remaining <= 0:
                 connected = len(sched.replicas) if sched else 0
                 raise ReplicaError(
-                    f"{connected} of {n} replicas of {name}:{version} connected within {timeout} s"
+                    f"{connected} of {n} replicas of {name}:{version} connected "
+                    f"within {ready_timeout_s} s"
                 )
             event = self._ready_events.setdefault(key, asyncio.Event())
             with contextlib.suppress(TimeoutError):
@@ -406,10 +412,10 @@ class Clipper:
         if replica is None or replica.scheduler is None:
             return
         replica.draining = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 2.0
-        while replica.in_flight and loop.time() < deadline:
-            await asyncio.sleep(0.005)
+        if replica.in_flight:
+            replica.drained = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(replica.drained.wait(), _DRAIN_TIMEOUT_S)
         self.rpc.remove(replica)
 
     # -- routes ------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ class Replica:
     __slots__ = (
         "address",
         "controller",
+        "drained",
         "draining",
         "fast",
         "identity",
@@ -58,6 +59,7 @@ class Replica:
         self.address = ""
         # Being stopped on purpose: gets no new batches, its in-flight ones still come back.
         self.draining = False
+        self.drained: asyncio.Event | None = None
 
 
 class Transport(Protocol):
@@ -264,6 +266,8 @@ class ModelScheduler:
         if entry is None:
             return  # a batch we gave up on (replica removed, then answered late)
         tasks, sent_at = entry
+        if replica.drained is not None and not replica.in_flight:
+            replica.drained.set()
         latency = self.clock.now() - sent_at
         c = replica.controller
         assert c is not None

@@ -18,9 +18,7 @@ async def deploy_demo(clipper: Clipper) -> list[str]:
     await clipper.deploy_model("stats", "1", Stats(), input_type="doubles")
     clipper.link_model_to_app("demo", "stats")
     base = clipper.query_url
-    lines.append(
-        f"demo app: curl -X POST {base}/demo/predict -d '{{\"input\": [1, 2, 3.5]}}'"
-    )
+    lines.append(f"demo app: curl -X POST {base}/demo/predict -d '{{\"input\": [1, 2, 3.5]}}'")
     model: Any = train_digits()
     if model is not None:
         clipper.register_application("digits", "doubles", "-1", 20_000)

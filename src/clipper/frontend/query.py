@@ -79,6 +79,7 @@ class _Query:
         proc: QueryProcessor,
         app: Application,
         n: int,
+        *,
         respond: Respond,
         t0: float,
         model: str,
@@ -186,7 +187,7 @@ class QueryProcessor:
         if version is not None and len(linked) > 1:
             raise QueryProcessingError(f"Too many models linked to application {app_name}")
         model_name = linked[0] if linked else ""
-        q = _Query(self, app, len(payloads), respond, t0, model_name)
+        q = _Query(self, app, len(payloads), respond=respond, t0=t0, model=model_name)
         if not linked:
             for i in range(q.n):
                 q.set_default(i, "no_model", NO_MODELS)
@@ -272,7 +273,8 @@ class QueryProcessor:
             ) from None
         if not isinstance(doc, dict):
             raise BadInputError(
-                f"Error parsing JSON: the body must be a JSON object. Expected JSON schema: {schema}"
+                "Error parsing JSON: the body must be a JSON object. "
+                f"Expected JSON schema: {schema}"
             )
         version = doc.get("version")
         if version is not None and not isinstance(version, str):
