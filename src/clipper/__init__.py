@@ -3,6 +3,7 @@
 The public surface; everything else is internal and may change.
 """
 
+from clipper.background import ClipperThread
 from clipper.clock import Clock, FakeClock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.errors import (
@@ -31,6 +32,7 @@ __all__ = [
     "BatchingConfig",
     "Clipper",
     "ClipperError",
+    "ClipperThread",
     "Clock",
     "ConfigError",
     "DeadlineExceeded",

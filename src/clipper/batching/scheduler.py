@@ -92,6 +92,8 @@ class ModelScheduler:
         self._max_wait_s = mv.batching.max_wait_micros / 1e6
         self._in_flight_cap = mv.batching.in_flight
         self._capacity_rps = 0.0
+        self._adaptive = mv.batching.controller != "fixed"
+        self._hard_max = mv.batching.max_batch_size or 4096
         self.closed = False
         labels = {"model": mv.name, "version": mv.version}
         self._metrics = metrics
@@ -164,13 +166,18 @@ class ModelScheduler:
             )
 
     def _update_capacity(self) -> None:
-        """Inputs per second all replicas can take at their current batch sizes: the basis of
-        shedding at admission (0 = not known yet, admit)."""
+        """Inputs per second all replicas can take: the basis of shedding at admission
+        (0 = not known yet, admit). An adaptive controller grows its batches while they come
+        back full, so a longer queue is priced at the batch size it will grow to, not at
+        today's cap; that keeps the ramp-up after a start or a burst from shedding."""
         total = 0.0
+        queued = len(self.queue)
         for r in self.replicas:
             c = r.controller
             assert c is not None
             n = c.max_batch_size()
+            if self._adaptive and queued > n:
+                n = min(queued, self._hard_max)
             lat = c.expected_latency(n)
             if lat <= 0.0:
                 self._capacity_rps = 0.0
