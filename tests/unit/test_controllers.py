@@ -357,3 +357,14 @@ def test_make_controller_errors(
 ) -> None:
     with pytest.raises(ConfigError, match=match):
         make_controller(name, target_s=target, **params)
+
+
+def test_typical_latency_is_not_dominated_by_one_cold_batch() -> None:
+    from clipper.batching.controllers import FixedController
+
+    c = FixedController(1)
+    c.observe(1, 0.05)  # a cold first batch
+    for _ in range(99):
+        c.observe(1, 0.0002)
+    assert c.expected_latency(1) >= 0.05  # the upper-side estimate keeps the outlier
+    assert c.typical_latency(1) < 0.001  # the central one, used for throughput, does not

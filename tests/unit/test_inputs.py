@@ -26,6 +26,7 @@ def test_floats_and_ints_pack_to_their_widths() -> None:
         (InputType.DOUBLES, [], "input array is empty"),
         (InputType.INTS, [1.5], "number 1.5 is not of type integers"),
         (InputType.INTS, [2**40], "out of range"),
+        (InputType.FLOATS, [1e300], "out of range"),
         (InputType.STRINGS, 3, "must be a string, got number 3"),
         (InputType.BYTES, "***", "not valid base64"),
         (InputType.BYTES, [1], "must be a base64 string"),

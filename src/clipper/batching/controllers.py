@@ -49,6 +49,12 @@ class BatchController(Protocol):
         """Estimated seconds for a batch of ``batch_size``; 0.0 while nothing is known."""
         ...
 
+    def typical_latency(self, batch_size: int) -> float:
+        """A central (not upper-side) estimate, for throughput: 0.0 while nothing is known.
+        Shedding at admission prices the queue with it, so one slow outlier (a cold first
+        batch) does not make the model look a hundred times slower than it is."""
+        ...
+
 
 def _check_observation(batch_size: int, latency_s: float) -> None:
     # ``not latency_s >= 0`` also rejects NaN, which would poison every running sum.
@@ -130,6 +136,16 @@ class LatencyModel:
                 return self._single_max
             return self._single_max * batch_size / self._single_size
         return max(0.0, self._a + self._b * batch_size + self._margin)
+
+    def typical(self, batch_size: int) -> float:
+        """Central estimate: the least-squares line (or the mean, scaled, for one size)."""
+        if not self._window:
+            return 0.0
+        if self._dirty:
+            self._refit()
+        if self._single_size:
+            return self._mean * max(1.0, batch_size / self._single_size)
+        return max(0.0, self._a + self._b * batch_size)
 
     def _add(self, n: int, lat: float, sign: float) -> None:
         fn = float(n)
@@ -219,6 +235,9 @@ class AIMDController:
     def expected_latency(self, batch_size: int) -> float:
         return self._model.predict(batch_size)
 
+    def typical_latency(self, batch_size: int) -> float:
+        return self._model.typical(batch_size)
+
 
 def _pinball_loss(residuals: _FloatArray, tau: float) -> float:
     return float(np.sum(np.maximum(tau * residuals, (tau - 1.0) * residuals)))
@@ -290,6 +309,7 @@ class QuantileController:
         "_since_fit",
         "_size",
         "_target",
+        "_typical",
         "_window",
     )
 
@@ -330,12 +350,17 @@ class QuantileController:
         self._since_fit = 0
         self._fitted = False
         self._a = self._b = 0.0
+        self._typical = LatencyModel()
         self._fit_cap: int | None = None  # None while there is no trustworthy fit
 
     def max_batch_size(self) -> int:
         return self._size
 
+    def typical_latency(self, batch_size: int) -> float:
+        return self._typical.typical(batch_size)
+
     def observe(self, batch_size: int, latency_s: float) -> None:
+        self._typical.observe(batch_size, latency_s)
         _check_observation(batch_size, latency_s)
         self._window.append((batch_size, latency_s))
         if latency_s > self._target:
@@ -402,6 +427,9 @@ class FixedController:
 
     def expected_latency(self, batch_size: int) -> float:
         return self._model.predict(batch_size)
+
+    def typical_latency(self, batch_size: int) -> float:
+        return self._model.typical(batch_size)
 
 
 def _require_target(target_s: float) -> None:

@@ -178,7 +178,7 @@ class ModelScheduler:
             n = c.max_batch_size()
             if self._adaptive and queued > n:
                 n = min(queued, self._hard_max)
-            lat = c.expected_latency(n)
+            lat = c.typical_latency(n)
             if lat <= 0.0:
                 self._capacity_rps = 0.0
                 return
