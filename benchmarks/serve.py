@@ -1,0 +1,108 @@
+"""clipper-serve under a benchmark configuration (one application ``bench``, one model ``m``).
+
+    PYTHONPATH=src python benchmarks/serve.py --query-port 1337 --rpc-port 7000 \\
+        --model logreg --controller aimd --max-wait-ms 2 --slo-ms 20
+
+* ``--model noop``: :class:`models.NoopModel` (send 784 doubles);
+  ``--model logreg``: LogisticRegression on the digits data set (send 64 doubles).
+* ``--controller aimd|quantile|fixed|unbatched``: the batching controller; ``unbatched`` is
+  ``fixed`` with ``max_batch_size=1``; ``fixed`` uses ``--max-batch-size`` (default 32).
+
+Queries go to ``POST http://127.0.0.1:<query-port>/bench/predict``. Prints ``ready`` on stdout
+once the model replicas are connected; stops on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models
+
+APP = "bench"
+MODEL = "m"
+VERSION = "1"
+
+
+def _make_model(name: str) -> Any:
+    models.picklable()  # the container cannot import benchmarks/models.py: pickle by value
+    if name == "noop":
+        return models.NoopModel()
+    if name == "logreg":
+        return models.train_logreg()
+    raise ValueError(f"unknown model {name!r}")
+
+
+def _batching(args: argparse.Namespace) -> Any:
+    from clipper import BatchingConfig
+
+    wait = round(args.max_wait_ms * 1000)
+    if args.controller == "unbatched":
+        return BatchingConfig(controller="fixed", max_batch_size=1, max_wait_micros=0, in_flight=1)
+    if args.controller == "fixed":
+        return BatchingConfig(
+            controller="fixed",
+            max_batch_size=args.max_batch_size or 32,
+            max_wait_micros=wait,
+            in_flight=args.in_flight,
+        )
+    return BatchingConfig(
+        controller=args.controller,
+        max_batch_size=args.max_batch_size,
+        max_wait_micros=wait,
+        in_flight=args.in_flight,
+    )
+
+
+async def run(args: argparse.Namespace) -> None:
+    from clipper import Clipper
+
+    model = _make_model(args.model)
+    async with Clipper(query_port=args.query_port, rpc_port=args.rpc_port) as clipper:
+        clipper.register_application(
+            APP,
+            input_type="doubles",
+            default_output="-1",
+            latency_slo_micros=round(args.slo_ms * 1000),
+            cache=args.cache,
+        )
+        await clipper.deploy_model(
+            MODEL,
+            VERSION,
+            model,
+            input_type="doubles",
+            num_replicas=args.replicas,
+            batching=_batching(args),
+        )
+        clipper.link_model_to_app(APP, MODEL)
+        print("ready", flush=True)
+        await clipper.serve_forever()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--query-port", type=int, default=1337)
+    p.add_argument("--rpc-port", type=int, default=7000)
+    p.add_argument("--model", choices=["noop", "logreg"], default="noop")
+    p.add_argument(
+        "--controller", choices=["aimd", "quantile", "fixed", "unbatched"], default="aimd"
+    )
+    p.add_argument("--max-wait-ms", type=float, default=0.0, help="batch wait, 0..4 ms")
+    p.add_argument("--max-batch-size", type=int, default=None, help="cap (fixed: default 32)")
+    p.add_argument("--in-flight", type=int, default=1, help="batches in flight per replica")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--slo-ms", type=float, default=20.0)
+    p.add_argument("--cache", action="store_true", help="enable the prediction cache")
+    args = p.parse_args(argv)
+    uvloop.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
