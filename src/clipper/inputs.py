@@ -83,8 +83,11 @@ _SCHEMAS = {
 _KIND = {"i": "integers", "f": "numbers", "d": "numbers"}
 
 
-def parse_input(t: InputType, value: Any) -> bytes:
-    """One JSON item of type ``t`` as bytes; :class:`BadInputError` says what was expected."""
+def parse_input(t: InputType, value: Any, *, may_hold_bools: bool = True) -> bytes:
+    """One JSON item of type ``t`` as bytes; :class:`BadInputError` says what was expected.
+
+    ``bool`` is an ``int`` to struct, so booleans need their own scan; a caller that knows the
+    request body has no ``true``/``false`` literal (one substring search) can skip it."""
     if t.numeric:
         # Integer literals are accepted where floats/doubles are expected (the original
         # rejected [1, 2] for doubles); everything else that is not a number is refused.
@@ -92,11 +95,14 @@ def parse_input(t: InputType, value: Any) -> bytes:
             raise _bad(t, f"input must be an array of {_KIND[t.typecode]}, got {_json_kind(value)}")
         if not value:
             raise _bad(t, "input array is empty")
+        if may_hold_bools and any(type(v) is bool for v in value):
+            raise _bad(t, f"array element a boolean is not of type {_KIND[t.typecode]}")
         try:
             return _packer(t.typecode, len(value)).pack(*value)
         except (struct.error, TypeError, OverflowError) as e:
             if "requires" in str(e) or isinstance(e, OverflowError):
-                raise _bad(t, f"array element out of range for {t.readable} ({e})") from None
+                width = "32-bit integers" if t is InputType.INTS else "32-bit floats"
+                raise _bad(t, f"array element out of range for {width}") from None
             bad = next(
                 (
                     v

@@ -231,6 +231,9 @@ class Clipper:
         connected; traffic switches to this version only then (when ``set_current``)."""
         if (model is None) == (artifact is None):
             raise ClipperError("deploy_model needs exactly one of model= or artifact=")
+        if version in self.registry.models.get(name, {}):
+            # Refuse before writing anything: the running version's file must stay as it is.
+            raise RegistryError(f"model with name '{name}' and version '{version}' already exists")
         if artifact is None:
             artifact = self._save_model(name, version, model)
         mv = ModelVersion(

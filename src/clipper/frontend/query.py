@@ -16,7 +16,7 @@ import orjson
 
 from clipper.batching.queue import Task
 from clipper.batching.scheduler import ModelScheduler
-from clipper.cache import Lookup, PredictionCache
+from clipper.cache import CacheKey, Lookup, PredictionCache
 from clipper.clock import Clock
 from clipper.errors import (
     BadInputError,
@@ -61,17 +61,21 @@ class QueryProcessingError(RequestError):
 class _Query:
     __slots__ = (
         "app",
+        "deadline",
         "defaults",
         "explanations",
         "model",
         "n",
         "outputs",
+        "payloads",
         "proc",
         "remaining",
         "respond",
+        "sched",
         "single",
         "t0",
         "timer",
+        "version",
     )
 
     def __init__(
@@ -96,6 +100,10 @@ class _Query:
         self.timer: asyncio.TimerHandle | None = None
         self.single = n == 1
         self.model = model
+        self.version = ""
+        self.deadline = 0.0
+        self.payloads: list[bytes] = []
+        self.sched: ModelScheduler | None = None
 
     def waiter(self, i: int) -> Callable[[object, BaseException | None], None]:
         def done(value: object, err: BaseException | None) -> None:
@@ -109,6 +117,11 @@ class _Query:
         if err is None:
             self.outputs[i] = value
         else:
+            if isinstance(err, DeadlineExceeded) and self.proc.clock.now() < self.deadline:
+                # The expired task belonged to an earlier identical query that this one
+                # joined; this query has its own, later deadline: queue its input again.
+                self.proc.enqueue(self, i)
+                return
             reason, why = self.proc.explain(self.model, err)
             if reason == "overload" and self.app.overload == "reject":
                 self.reject(str(err))
@@ -182,7 +195,9 @@ class QueryProcessor:
                 f"{sorted(self.registry.apps) or 'none'}"
             )
         items, version = self._parse_predict(app, body)
-        payloads = [parse_input(app.input_type, item) for item in items]
+        bools = b"true" in body or b"false" in body
+        itype = app.input_type
+        payloads = [parse_input(itype, item, may_hold_bools=bools) for item in items]
         linked = self.registry.links.get(app_name) or []
         if version is not None and len(linked) > 1:
             raise QueryProcessingError(f"Too many models linked to application {app_name}")
@@ -216,7 +231,8 @@ class QueryProcessor:
                     "no_replica",
                     (
                         f"No replica of model {model_name}:{version} is alive "
-                        f"({mv.num_replicas} configured); it is being restarted"
+                        f"({mv.num_replicas} configured); "
+                        + ("it is being restarted" if mv.artifact else "none is connected")
                     ),
                 )
             for i in range(q.n):
@@ -226,42 +242,51 @@ class QueryProcessor:
             return
         if sched.slo_s > app.slo_s:
             sched.set_slo(app.slo_s)
-        deadline = t0 + app.slo_s
-        hits, misses = self._cache_counters(model_name, version)
+        q.deadline = t0 + app.slo_s
+        q.payloads = payloads
+        q.sched = sched
+        q.version = version
         submitted = False
-        cache = self.cache
-        for i, payload in enumerate(payloads):
-            waiter = q.waiter(i)
-            if app.cache:
-                key = (model_name, version, payload)
-                status, value = cache.get_or_join(key, waiter)
-                if status is Lookup.HIT:
-                    hits.inc()
-                    q.fill(i, value, None)
-                    continue
-                misses.inc()
-                if status is Lookup.JOINED:
-                    continue
-                task = Task(payload, deadline, t0, key, None)
-            else:
-                task = Task(payload, deadline, t0, None, waiter)
-            try:
-                sched.submit(task)
-            except OverloadedError as e:
-                if task.key is not None:
-                    cache.fail(task.key, e)
-                else:
-                    waiter(None, e)
-                if q.respond is None:
-                    break  # rejected with 503
-                continue
-            submitted = True
+        for i in range(q.n):
+            submitted |= self.enqueue(q, i)
+            if q.respond is None:
+                break  # rejected with 503
         if submitted:
             sched.pump()
         if q.respond is not None and q.remaining:
             q.timer = asyncio.get_running_loop().call_later(
-                max(deadline - self.clock.now(), 0.0), q.on_deadline
+                max(q.deadline - self.clock.now(), 0.0), q.on_deadline
             )
+
+    def enqueue(self, q: _Query, i: int) -> bool:
+        """Look input ``i`` up in the cache, or queue it; True when a task was queued (the
+        caller pumps the scheduler once for the whole request)."""
+        sched = q.sched
+        assert sched is not None
+        payload = q.payloads[i]
+        waiter = q.waiter(i)
+        key: CacheKey | None = None
+        if q.app.cache:
+            key = (q.model, q.version, payload)
+            status, value = self.cache.get_or_join(key, waiter)
+            hits, misses = self._cache_counters(q.model, q.version)
+            if status is Lookup.HIT:
+                hits.inc()
+                q.fill(i, value, None)
+                return False
+            misses.inc()
+            if status is Lookup.JOINED:
+                return False
+        task = Task(payload, q.deadline, self.clock.now(), key, None if key else waiter)
+        try:
+            sched.submit(task)
+        except OverloadedError as e:
+            if key is not None:
+                self.cache.fail(key, e)
+            else:
+                waiter(None, e)
+            return False
+        return True
 
     def _parse_predict(self, app: Application, body: bytes) -> tuple[list[Any], str | None]:
         schema = app.input_type.schema()

@@ -1,0 +1,75 @@
+"""Models deployed by the integration tests.
+
+They live at module level of a local (not installed) module, so ``Clipper.deploy_model``
+cloudpickles them by value and the container process can load them without importing the
+tests. The ``time.sleep`` calls below are the models' simulated compute cost.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+
+def describe_numeric(xs: Any) -> list[dict[str, Any]]:
+    """For each input row: the dtype it arrived with and its values."""
+    return [{"dtype": str(np.asarray(x).dtype), "values": np.asarray(x).tolist()} for x in xs]
+
+
+def row_sums(xs: Any) -> list[float]:
+    return [float(np.asarray(x, dtype=np.float64).sum()) for x in xs]
+
+
+def shout(xs: list[str]) -> list[dict[str, Any]]:
+    return [{"type": type(s).__name__, "upper": s.upper(), "len": len(s)} for s in xs]
+
+
+def bytes_info(xs: list[bytes]) -> list[dict[str, Any]]:
+    return [{"type": type(b).__name__, "len": len(b), "hex": b.hex()} for b in xs]
+
+
+class JsonEcho:
+    """An object model: ``setup()`` runs once in the container before any ``predict``."""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    def setup(self) -> None:
+        self.ready = True
+
+    def predict(self, xs: list[Any]) -> list[dict[str, Any]]:
+        if not self.ready:
+            raise RuntimeError("setup() was not called")
+        return [{"type": type(v).__name__, "value": v} for v in xs]
+
+
+def with_nonce(xs: Any) -> list[dict[str, Any]]:
+    """A fresh random nonce per evaluation: equal outputs mean the cache answered."""
+    return [{"sum": float(np.asarray(x).sum()), "nonce": os.urandom(8).hex()} for x in xs]
+
+
+def version_one(xs: Any) -> list[dict[str, Any]]:
+    return [{"version": 1, "sum": float(np.asarray(x).sum())} for x in xs]
+
+
+def version_two(xs: Any) -> list[dict[str, Any]]:
+    return [{"version": 2, "sum": float(np.asarray(x).sum())} for x in xs]
+
+
+def slow_sums(xs: Any) -> list[float]:
+    time.sleep(0.3)
+    return row_sums(xs)
+
+
+def steady_sums(xs: Any) -> list[float]:
+    time.sleep(0.01)
+    return row_sums(xs)
+
+
+def fragile_sums(xs: Any) -> list[float]:
+    if any(float(np.asarray(x)[0]) < 0 for x in xs):
+        raise ValueError("boom: negative input")
+    return row_sums(xs)
