@@ -425,13 +425,12 @@ class Clipper:
     def _route(
         self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
     ) -> None:
-        parts = path.strip("/").split("/")
-        if method == b"POST" and len(parts) == 2:
-            app, verb = parts
-            if verb == "predict":
-                self.processor.predict(app, body, lambda status, data: respond(status, data, JSON))
+        if method == b"POST":
+            app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
+            if verb == "predict" and app:
+                self.processor.predict(app, body, respond)
                 return
-            if verb == "update":
+            if verb == "update" and app:
                 respond(200, self.processor.feedback(app, body), JSON)
                 return
         if method == b"GET":

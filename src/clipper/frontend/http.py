@@ -11,7 +11,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import httptools
 import orjson
@@ -24,14 +24,24 @@ log = logging.getLogger("clipper.http")
 
 # A router takes (method, path, headers, body, respond) and calls respond(status, body,
 # content_type) exactly once, now or later; it raises RequestError for a client error.
-Respond = Callable[[int, bytes, bytes], None]
+
+
+class Respond(Protocol):
+    def __call__(self, status: int, data: bytes, content_type: bytes = ..., /) -> None: ...
+
+
 Router = Callable[[bytes, str, dict[bytes, bytes], bytes, Respond], None]
 
 JSON = b"application/json"
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
+_OK_JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+
+
 def _head(status: int, content_type: bytes, length: int, keep_alive: bool) -> bytes:
+    if status == 200 and keep_alive and content_type is JSON:
+        return b"%s%d\r\n\r\n" % (_OK_JSON, length)  # the common answer, kept cheap
     return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
         status,
         _REASONS.get(status, b"Unknown"),
@@ -110,7 +120,9 @@ class _Connection(asyncio.Protocol):
         self.transport.resume_reading()
 
     # httptools callbacks
-    def on_message_begin(self) -> None:
+    def _reset(self) -> None:
+        # Done at the end of a message rather than in on_message_begin: one Python callback
+        # less per request.
         self._url = b""
         self._headers = {}
         self._body = []
@@ -121,11 +133,13 @@ class _Connection(asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.lower()] = value
-
-    def on_headers_complete(self) -> None:
-        length = self._headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
+        name = name.lower()
+        self._headers[name] = value
+        if (
+            name == b"content-length"
+            and value.isdigit()
+            and int(value) > self.server.max_body_bytes
+        ):
             self._too_large = True
 
     def on_body(self, body: bytes) -> None:
@@ -142,15 +156,16 @@ class _Connection(asyncio.Protocol):
         keep_alive = self.parser.should_keep_alive()
         slot = _Slot(keep_alive)
         self._slots.append(slot)
-        if self._too_large:
+        too_large, body_parts, url, headers = self._too_large, self._body, self._url, self._headers
+        self._reset()
+        if too_large:
             slot.keep_alive = False  # the client may still be streaming; stop reading it
             err = PayloadTooLarge(
                 f"request body exceeds the limit of {self.server.max_body_bytes} bytes"
             )
             self._answer(slot, err.status, error_body(err), JSON)
             return
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        url = self._url
+        body = body_parts[0] if len(body_parts) == 1 else b"".join(body_parts)
         q = url.find(b"?")
         path = (url if q < 0 else url[:q]).decode("utf-8", "replace")
 
@@ -158,7 +173,7 @@ class _Connection(asyncio.Protocol):
             self._answer(slot, status, data, content_type)
 
         try:
-            self.server.router(self.parser.get_method(), path, self._headers, body, respond)
+            self.server.router(self.parser.get_method(), path, headers, body, respond)
         except RequestError as err:
             if slot.data is None:
                 self._answer(slot, err.status, error_body(err), JSON)
