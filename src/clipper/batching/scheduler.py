@@ -88,6 +88,7 @@ class ModelScheduler:
         self.replicas: list[Replica] = []
         self.slo_s = slo_s
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._timer_at = float("inf")
         self._max_wait_s = mv.batching.max_wait_micros / 1e6
         self._in_flight_cap = mv.batching.in_flight
@@ -254,7 +255,11 @@ class ModelScheduler:
                 return
             self._timer.cancel()
         self._timer_at = at
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._fire)
+        loop = self._loop
+        if loop is None:
+            # Cached: on Python 3.11 every get_running_loop() is a getpid() system call.
+            loop = self._loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(seconds, self._fire)
 
     def _fire(self) -> None:
         self._timer = None

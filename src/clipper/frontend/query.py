@@ -180,6 +180,7 @@ class QueryProcessor:
         self.metrics = metrics
         self.schedulers = schedulers
         self._query_ids = itertools.count()
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._app_metrics: dict[str, tuple[Any, Any]] = {}
         self._cache_metrics: dict[tuple[str, str], tuple[Any, Any]] = {}
 
@@ -256,9 +257,16 @@ class QueryProcessor:
         if submitted:
             sched.pump()
         if q.respond is not None and q.remaining:
-            q.timer = asyncio.get_running_loop().call_later(
+            q.timer = self._loop().call_later(
                 max(q.deadline - self.clock.now(), 0.0), q.on_deadline
             )
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        # Cached: on Python 3.11 every asyncio.get_running_loop() is a getpid() system call.
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
+        return loop
 
     def enqueue(self, q: _Query, i: int) -> bool:
         """Look input ``i`` up in the cache, or queue it; True when a task was queued (the
