@@ -8,6 +8,7 @@ frame it receives so the tests can check the frontend's side of the protocol too
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import threading
 import time
@@ -329,3 +330,31 @@ async def test_incompatible_containers_are_not_registered(
     await wait_for(lambda: len(sched.replicas) == 1, limit_s=10, what="the good container")
     assert (await predict_ok(c.query_url, "app", {"input": [1.0, 1.0]}))["output"] == 2.0
     assert len(good.requests) == 1
+
+
+async def test_a_silent_replica_is_removed_and_its_queries_answered_by_the_deadline(
+    containers: Callable[..., V3Container],
+) -> None:
+    release = threading.Event()
+
+    def hang(items: list[bytes]) -> list[str]:
+        release.wait(10)  # stuck in predict: no answers, no heartbeats
+        return ["0"] * len(items)
+
+    async with Clipper(query_port=0, rpc_port=0, v3_replica_timeout_s=1.0) as c:
+        register_external(c, "stuck", InputType.DOUBLES, "stuckapp")
+        containers(c.rpc.port, "stuck", "1", CODE_DOUBLES, hang)
+        sched = c.schedulers[("stuck", "1")]
+        await wait_for(lambda: len(sched.replicas) == 1, what="the v3 container to register")
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        answer = await predict_ok(c.query_url, "stuckapp", {"input": [1.0]}, limit_s=5.0)
+        elapsed = loop.time() - sent
+        assert answer["default"] is True
+        assert answer["default_explanation"] == (
+            "Failed to retrieve a prediction response within the specified latency SLO"
+        )
+        assert 1.9 <= elapsed < 2.6  # the app's 2 s SLO, not a hang
+        # removed after its 1 s of silence, well before the deadline answered the query
+        assert sched.replicas == []
+        release.set()
