@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import cloudpickle
-import orjson
 
 from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import PredictionCache
@@ -342,13 +341,10 @@ class Clipper:
                     self.rpc.remove(r)
                 sched.close(RegistryError(f"model {change.name}:{change.version} was deleted"))
         elif change.kind in ("link", "app"):
-            for model in {m for names in self.registry.links.values() for m in names} | (
-                {change.version} if change.kind == "link" and change.version else set()
-            ):
-                slo = self._slo_for(model)
-                for (name, _), sched in self.schedulers.items():
-                    if name == model:
-                        sched.set_slo(slo)
+            # Links and SLOs changed: every model's target follows its tightest linked SLO
+            # (an unlinked model included). There are few schedulers; recompute them all.
+            for (name, _), sched in self.schedulers.items():
+                sched.set_slo(self._slo_for(name))
 
     def _slo_for(self, model: str) -> float:
         slos = [
@@ -506,6 +502,3 @@ def _is_local(module: Any) -> bool:
         return False
     return not resolved.startswith(str(Path(__file__).resolve().parent))
 
-
-def _dumps(doc: Any) -> bytes:
-    return orjson.dumps(doc)

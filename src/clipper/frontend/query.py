@@ -243,8 +243,6 @@ class QueryProcessor:
             q.remaining = 0
             q.finish()
             return
-        if sched.slo_s > app.slo_s:
-            sched.set_slo(app.slo_s)
         q.deadline = t0 + app.slo_s
         q.payloads = payloads
         q.sched = sched
