@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import signal
@@ -157,6 +158,11 @@ class Clipper:
     async def serve_forever(self) -> None:
         """Serve until SIGINT/SIGTERM (or :meth:`stop`), then stop cleanly."""
         assert self._stop_event is not None, "start() first"
+        # Everything alive now (frameworks, trained models, the registry) lives as long as the
+        # process: take it out of the cyclic collector, whose full passes over a process with
+        # scikit-learn or torch loaded stall the event loop for tens of milliseconds.
+        gc.collect()
+        gc.freeze()
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -501,4 +507,3 @@ def _is_local(module: Any) -> bool:
     if any(resolved.startswith(str(Path(r).resolve())) for r in roots):
         return False
     return not resolved.startswith(str(Path(__file__).resolve().parent))
-

@@ -33,7 +33,7 @@ def _pinball(a: float, b: float, n: np.ndarray, y: np.ndarray, tau: float) -> fl
 
 
 def test_aimd_grows_by_increment_per_full_fast_batch() -> None:
-    c = AIMDController(TARGET)
+    c = AIMDController(TARGET, slow_start=False)
     sizes = []
     for _ in range(4):
         c.observe(c.max_batch_size(), FAST)
@@ -42,7 +42,7 @@ def test_aimd_grows_by_increment_per_full_fast_batch() -> None:
 
 
 def test_aimd_growth_is_capped_at_max_size() -> None:
-    c = AIMDController(TARGET, increment=5, initial=8, max_size=10)
+    c = AIMDController(TARGET, slow_start=False, increment=5, initial=8, max_size=10)
     c.observe(8, FAST)
     assert c.max_batch_size() == 10
     c.observe(10, FAST)
@@ -50,14 +50,14 @@ def test_aimd_growth_is_capped_at_max_size() -> None:
 
 
 def test_aimd_holds_inside_the_band() -> None:
-    c = AIMDController(TARGET, initial=10)
+    c = AIMDController(TARGET, slow_start=False, initial=10)
     c.observe(10, IN_BAND)
     c.observe(10, TARGET)  # exactly on target still holds
     assert c.max_batch_size() == 10
 
 
 def test_aimd_backs_off_multiplicatively_with_floor() -> None:
-    c = AIMDController(TARGET, initial=100)
+    c = AIMDController(TARGET, slow_start=False, initial=100)
     seen = []
     for _ in range(3):
         c.observe(c.max_batch_size(), SLOW)
@@ -66,14 +66,14 @@ def test_aimd_backs_off_multiplicatively_with_floor() -> None:
 
 
 def test_aimd_never_goes_below_one() -> None:
-    c = AIMDController(TARGET, initial=3)
+    c = AIMDController(TARGET, slow_start=False, initial=3)
     for _ in range(10):
         c.observe(1, SLOW)
     assert c.max_batch_size() == 1
 
 
 def test_aimd_does_not_grow_on_non_full_batches_but_backs_off() -> None:
-    c = AIMDController(TARGET, initial=10)
+    c = AIMDController(TARGET, slow_start=False, initial=10)
     for _ in range(20):
         c.observe(4, FAST)
     assert c.max_batch_size() == 10
@@ -82,7 +82,7 @@ def test_aimd_does_not_grow_on_non_full_batches_but_backs_off() -> None:
 
 
 def test_aimd_expected_latency_tracks_linear_cost() -> None:
-    c = AIMDController(TARGET)
+    c = AIMDController(TARGET, slow_start=False)
     assert c.expected_latency(10) == 0.0
     for n in range(1, 60):
         c.observe(n, 0.001 + 0.0001 * n)
@@ -92,7 +92,7 @@ def test_aimd_expected_latency_tracks_linear_cost() -> None:
 
 
 def test_aimd_rejects_bad_observations() -> None:
-    c = AIMDController(TARGET)
+    c = AIMDController(TARGET, slow_start=False)
     with pytest.raises(ValueError):
         c.observe(0, FAST)
     with pytest.raises(ValueError):
@@ -321,7 +321,7 @@ def test_fixed_rejects_size_below_one() -> None:
 
 
 def test_make_controller_builds_each_kind() -> None:
-    aimd = make_controller("aimd", target_s=TARGET, initial=4, increment=3)
+    aimd = make_controller("aimd", target_s=TARGET, initial=4, increment=3, slow_start=False)
     quant = make_controller("quantile", target_s=TARGET, quantile=0.95)
     fixed = make_controller("fixed", target_s=TARGET, size=16)
     assert isinstance(aimd, AIMDController)
@@ -368,3 +368,14 @@ def test_typical_latency_is_not_dominated_by_one_cold_batch() -> None:
         c.observe(1, 0.0002)
     assert c.expected_latency(1) >= 0.05  # the upper-side estimate keeps the outlier
     assert c.typical_latency(1) < 0.001  # the central one, used for throughput, does not
+
+
+def test_aimd_slow_start_doubles_until_the_hold_band_then_adds() -> None:
+    c = AIMDController(0.010)  # slow start on by default
+    for expected in (2, 4, 8, 16):
+        c.observe(c.max_batch_size(), 0.001)
+        assert c.max_batch_size() == expected
+    c.observe(16, 0.0095)  # in the hold band: slow start ends, size holds
+    assert c.max_batch_size() == 16
+    c.observe(16, 0.001)
+    assert c.max_batch_size() == 18  # the paper's +2 from now on
