@@ -222,6 +222,39 @@ def batch_size_totals(port: int) -> tuple[float, float] | None:
     return (totals["sum"], totals["count"]) if found else None
 
 
+_BUCKET_RE = re.compile(r'^clipper_app_latency_seconds_bucket\{app="bench",le="([^"]+)"\}\s+(\S+)')
+
+
+def latency_buckets(port: int) -> dict[float, float] | None:
+    """The server's own cumulative latency histogram for the bench app: {upper bound: count}."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
+            text = r.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    out = {
+        float(m.group(1)): float(m.group(2)) for m in map(_BUCKET_RE.match, text.splitlines()) if m
+    }
+    return out or None
+
+
+def server_quantile_ms(
+    before: dict[float, float] | None, after: dict[float, float] | None, q: float
+) -> float:
+    """Upper bound (ms) of the histogram bucket holding the server-side ``q`` quantile of the
+    queries answered between the two scrapes: the server's view, without client lag."""
+    if before is None or after is None:
+        return float("nan")
+    bounds = sorted(after)
+    total = after[bounds[-1]] - before.get(bounds[-1], 0.0)
+    if total <= 0:
+        return float("nan")
+    for b in bounds:
+        if after[b] - before.get(b, 0.0) >= q * total:
+            return b * 1000.0
+    return float("inf")
+
+
 def mean_batch(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float:
     if before is None or after is None or after[1] <= before[1]:
         return float("nan")
@@ -351,7 +384,11 @@ def scenario_c(run: Run) -> None:
                 if ctl == "aimd" and sr.rate > 0:
                     rate = cfg.peak_share * sr.rate
                     run.log(f"  aimd at {100 * cfg.peak_share:.0f}% of peak: {rate:,.0f} rps")
+                    lb = latency_buckets(qp)
                     entry["at_peak_share"] = _open(run, url, body, rate, cfg.duration).to_dict()
+                    la = latency_buckets(qp)
+                    entry["at_peak_share"]["server_p99_ms"] = server_quantile_ms(lb, la, 0.99)
+                    entry["at_peak_share"]["server_p999_ms"] = server_quantile_ms(lb, la, 0.999)
                 out[ctl] = entry
         except Exception as e:
             run.log(f"  (c) {ctl} failed: {e!r}")
@@ -481,7 +518,9 @@ def targets(run: Run) -> list[tuple[str, str, str]]:
                 f"p99 < SLO at {100 * run.cfg.peak_share:.0f}% of aimd peak",
                 f"{_f(peak['rate_or_concurrency'])} rps offered, {_f(peak['throughput_rps'])} "
                 f"achieved, p99 {peak['p99_us'] / 1000:.2f} ms, defaults "
-                f"{_pct(peak['default_share'])}",
+                f"{_pct(peak['default_share'])}; server-side p99 <= "
+                f"{peak.get('server_p99_ms', float('nan')):.0f} ms, p99.9 <= "
+                f"{peak.get('server_p999_ms', float('nan')):.0f} ms",
                 _verdict(ok),
             )
         )
