@@ -55,8 +55,10 @@ def _register(sock: zmq.Socket[bytes]) -> tuple[bytes, bool]:
             return frames[0], msg.fast
 
 
-def _drive(sock: zmq.Socket[bytes], ident: bytes, fast: bool, n: int, batches: int) -> float:
-    items = [np.random.default_rng(i).random(784).tobytes() for i in range(n)]
+def _drive(
+    sock: zmq.Socket[bytes], ident: bytes, fast: bool, n: int, batches: int, width: int = 784
+) -> float:
+    items = [np.random.default_rng(i).random(width).tobytes() for i in range(n)]
     t0 = time.perf_counter()
     done = 0
     msg_id = 0
