@@ -389,3 +389,17 @@ async def test_close_answers_queued_and_in_flight_tasks(harness_factory: Any) ->
     assert h.sched.replicas == []
     h.submit(b"c")  # closed: nothing is sent any more
     assert len(h.transport.sent) == 1
+
+
+async def test_submit_counts_the_running_batch_when_every_replica_is_busy(
+    harness_factory: Any,
+) -> None:
+    h = harness_factory(batching=fixed(1))
+    h.replica()
+    h.submit(b"a")
+    h.clock.advance(0.1)  # one input per 100 ms
+    h.respond(0)
+    h.submit(b"busy")  # goes out at once: the only replica is now busy for ~100 ms
+    # 100 ms for its own batch fits a 150 ms SLO, but not after the 100 ms running ahead of it
+    with pytest.raises(OverloadedError, match="about 200.0 ms of work"):
+        h.sched.submit(h.task(b"behind", slo_s=0.15))

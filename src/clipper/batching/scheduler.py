@@ -93,6 +93,7 @@ class ModelScheduler:
         self._max_wait_s = mv.batching.max_wait_micros / 1e6
         self._in_flight_cap = mv.batching.in_flight
         self._capacity_rps = 0.0
+        self._batch_latency = 0.0
         self._adaptive = mv.batching.controller != "fixed"
         self._hard_max = mv.batching.max_batch_size or 4096
         self.closed = False
@@ -155,8 +156,14 @@ class ModelScheduler:
         Raises :class:`OverloadedError` when the query could not meet its deadline."""
         q = self.queue
         if self._capacity_rps > 0.0:
+            # the batches queued ahead and its own, plus, when every replica is busy, the
+            # batch running now
             wait = (len(q) + 1) / self._capacity_rps
-            if task.enqueued_at + wait > task.deadline:
+            late = task.enqueued_at + wait > task.deadline
+            if not late and task.enqueued_at + wait + self._batch_latency > task.deadline:
+                late = self._free_replica() is None
+                wait += self._batch_latency
+            if late:
                 raise OverloadedError(
                     f"model {self.mv.name}:{self.mv.version} has {len(q)} queries queued, "
                     f"about {wait * 1e3:.1f} ms of work, more than the query's latency SLO allows"
@@ -172,6 +179,7 @@ class ModelScheduler:
         back full, so a longer queue is priced at the batch size it will grow to, not at
         today's cap; that keeps the ramp-up after a start or a burst from shedding."""
         total = 0.0
+        batch_latency = float("inf")
         queued = len(self.queue)
         for r in self.replicas:
             c = r.controller
@@ -185,7 +193,9 @@ class ModelScheduler:
                 return
             # a container runs its batches one after another, in flight or not
             total += n / lat
+            batch_latency = min(batch_latency, lat)
         self._capacity_rps = total
+        self._batch_latency = batch_latency if total else 0.0
 
     # dispatch
     def _free_replica(self) -> Replica | None:
