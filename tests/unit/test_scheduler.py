@@ -401,5 +401,5 @@ async def test_submit_counts_the_running_batch_when_every_replica_is_busy(
     h.respond(0)
     h.submit(b"busy")  # goes out at once: the only replica is now busy for ~100 ms
     # 100 ms for its own batch fits a 150 ms SLO, but not after the 100 ms running ahead of it
-    with pytest.raises(OverloadedError, match="about 200.0 ms of work"):
+    with pytest.raises(OverloadedError, match=r"about 200\.0 ms of work"):
         h.sched.submit(h.task(b"behind", slo_s=0.15))
