@@ -56,7 +56,7 @@ def _register(sock: zmq.Socket[bytes]) -> tuple[bytes, bool]:
 
 
 def _drive(
-    sock: zmq.Socket[bytes], ident: bytes, fast: bool, n: int, batches: int, width: int = 784
+    sock: zmq.Socket[bytes], ident: bytes, fast: bool, n: int, batches: int, *, width: int = 784
 ) -> float:
     items = [np.random.default_rng(i).random(width).tobytes() for i in range(n)]
     t0 = time.perf_counter()
