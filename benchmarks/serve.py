@@ -64,7 +64,7 @@ async def run(args: argparse.Namespace) -> None:
     from clipper import Clipper
 
     model = _make_model(args.model)
-    async with Clipper(query_port=args.query_port, rpc_port=args.rpc_port) as clipper:
+    async with Clipper(query_port=args.query_port, rpc_port=args.rpc_port, admin_port=0) as clipper:
         clipper.register_application(
             APP,
             input_type="doubles",

@@ -42,6 +42,19 @@ def _parser() -> argparse.ArgumentParser:
         "--rpc-port", type=int, default=int(_env("RPC_PORT", 7000)), help="[CLIPPER_RPC_PORT]"
     )
     s.add_argument(
+        "--admin-host",
+        default=_env("ADMIN_HOST", "127.0.0.1"),
+        help="admin API address; beyond loopback it needs --admin-token [CLIPPER_ADMIN_HOST]",
+    )
+    s.add_argument(
+        "--admin-port", type=int, default=int(_env("ADMIN_PORT", 1338)), help="[CLIPPER_ADMIN_PORT]"
+    )
+    s.add_argument(
+        "--admin-token",
+        default=_env("ADMIN_TOKEN", None),
+        help="bearer token the admin API requires [CLIPPER_ADMIN_TOKEN]",
+    )
+    s.add_argument(
         "--state-dir",
         default=_env("STATE_DIR", None),
         help="models and logs (default: a temporary directory) [CLIPPER_STATE_DIR]",
@@ -102,6 +115,9 @@ def _start(args: argparse.Namespace) -> int:
             query_port=args.query_port,
             rpc_host=args.rpc_host,
             rpc_port=args.rpc_port,
+            admin_host=args.admin_host,
+            admin_port=args.admin_port,
+            admin_token=args.admin_token,
             state_dir=Path(args.state_dir) if args.state_dir else None,
             cache_bytes=args.cache_bytes,
             cache_policy=args.cache_policy,

@@ -11,6 +11,7 @@ from clipper.errors import ConfigError
 __all__ = ["BatchingConfig", "FrontendConfig"]
 
 Controller = Literal["aimd", "quantile", "fixed"]
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +82,19 @@ class FrontendConfig:
     v3_replica_timeout_s: float = 30.0
     state_dir: Path | None = None
     python: str | None = None
+    # The admin API changes what is served: loopback only, unless a bearer token guards it.
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 1338
+    admin_token: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("query_port", "rpc_port"):
+        if self.admin_host not in _LOOPBACK and not self.admin_token:
+            raise ConfigError(
+                f"the admin API is bound to {self.admin_host!r}, beyond this machine: "
+                "set an admin token (--admin-token or CLIPPER_ADMIN_TOKEN) or bind it to "
+                "127.0.0.1"
+            )
+        for name in ("query_port", "rpc_port", "admin_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {port}")

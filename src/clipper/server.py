@@ -28,6 +28,7 @@ from clipper.cache import PredictionCache
 from clipper.clock import Clock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.errors import ClipperError, NotFoundError, RegistryError, ReplicaError
+from clipper.frontend.admin import AdminApi
 from clipper.frontend.http import JSON, HttpServer, Respond, json_response
 from clipper.frontend.metrics import Metrics
 from clipper.frontend.query import QueryProcessor
@@ -89,6 +90,11 @@ class Clipper:
             self._route, host=config.host, port=config.query_port,
             max_body_bytes=config.max_body_bytes,
         )  # fmt: skip
+        self.admin = AdminApi(self)
+        self.admin_http = HttpServer(
+            self._admin_route, host=config.admin_host, port=config.admin_port,
+            max_body_bytes=config.max_body_bytes,
+        )  # fmt: skip
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if config.state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="clipper-")
@@ -122,6 +128,11 @@ class Clipper:
         await self.rpc.start()
         try:
             await self.http.start()
+            try:
+                await self.admin_http.start()
+            except BaseException:
+                await self.http.stop()
+                raise
         except BaseException:
             await self.rpc.stop()
             raise
@@ -138,6 +149,7 @@ class Clipper:
             return
         self._started = False
         await self.manager.stop_all()
+        await self.admin_http.stop()
         await self.http.stop()
         for sched in self.schedulers.values():
             sched.close(ReplicaError("the frontend is shutting down"))
@@ -179,6 +191,11 @@ class Clipper:
     @property
     def query_port(self) -> int:
         return self.http.port
+
+    @property
+    def admin_url(self) -> str:
+        host = "127.0.0.1" if self.config.admin_host in ("0.0.0.0", "") else self.config.admin_host
+        return f"http://{host}:{self.admin_http.port}"
 
     @property
     def query_url(self) -> str:
@@ -424,6 +441,20 @@ class Clipper:
         self.rpc.remove(replica)
 
     # -- routes ------------------------------------------------------------------------------
+    def _admin_route(
+        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+    ) -> None:
+        token = self.config.admin_token
+        if token is not None and headers.get(b"authorization", b"") != b"Bearer " + token.encode():
+            respond(
+                401,
+                b'{"error": "Unauthorized", "cause": "this admin API needs the header '
+                b'Authorization: Bearer <token>"}',
+                JSON,
+            )
+            return
+        self.admin.route(method, path, headers, body, respond)
+
     def _route(
         self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
     ) -> None:

@@ -8,7 +8,7 @@ def double_all(xs: object) -> list[float]:
 
 
 def test_clipper_thread_serves_from_blocking_code() -> None:
-    with ClipperThread(query_port=0, rpc_port=0) as c:
+    with ClipperThread(query_port=0, rpc_port=0, admin_port=0) as c:
         c.register_application("dbl", "doubles", "-1", 1_000_000)
         c.deploy_model("d", "1", double_all, input_type="doubles")
         c.link_model_to_app("dbl", "d")

@@ -25,7 +25,7 @@ URL_TIMEOUT = 10.0
 
 
 def frontend(**settings: Any) -> Clipper:
-    return Clipper(query_port=0, rpc_port=0, **settings)
+    return Clipper(query_port=0, rpc_port=0, admin_port=0, **settings)
 
 
 async def metrics_json(c: Clipper) -> dict[str, float]:

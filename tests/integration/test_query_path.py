@@ -40,7 +40,7 @@ DEPLOYED: dict[str, tuple[str, str, Any]] = {
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def clipper() -> AsyncIterator[Clipper]:
-    async with Clipper(query_port=0, rpc_port=0, max_body_bytes=MAX_BODY) as c:
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0, max_body_bytes=MAX_BODY) as c:
         batching = BatchingConfig(max_wait_micros=2000)
         await asyncio.gather(
             *(

@@ -197,7 +197,7 @@ def register_external(c: Clipper, name: str, itype: InputType, app: str, **batch
 
 @pytest.fixture
 async def clipper() -> AsyncIterator[Clipper]:
-    async with Clipper(query_port=0, rpc_port=0) as c:
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0) as c:
         yield c
 
 
@@ -341,7 +341,7 @@ async def test_a_silent_replica_is_removed_and_its_queries_answered_by_the_deadl
         release.wait(10)  # stuck in predict: no answers, no heartbeats
         return ["0"] * len(items)
 
-    async with Clipper(query_port=0, rpc_port=0, v3_replica_timeout_s=1.0) as c:
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0, v3_replica_timeout_s=1.0) as c:
         register_external(c, "stuck", InputType.DOUBLES, "stuckapp")
         containers(c.rpc.port, "stuck", "1", CODE_DOUBLES, hang)
         sched = c.schedulers[("stuck", "1")]
