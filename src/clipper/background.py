@@ -122,7 +122,7 @@ class ClipperThread:
         self.call(self.clipper.link_model_to_app, app_name, model_name)
 
     def set_model_version(self, name: str, version: str) -> None:
-        self.call(self.clipper.set_model_version, name, version)
+        self.run(self.clipper.set_model_version(name, version))
 
     def deploy_model(self, *args: Any, **kwargs: Any) -> ModelVersion:
         return self.run(self.clipper.deploy_model(*args, **kwargs))

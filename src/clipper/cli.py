@@ -56,8 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--state-dir",
-        default=_env("STATE_DIR", None),
-        help="models and logs (default: a temporary directory) [CLIPPER_STATE_DIR]",
+        default=_env("STATE_DIR", str(Path.home() / ".clipper")),
+        help="models, logs and the sqlite store (default: ~/.clipper) [CLIPPER_STATE_DIR]",
+    )
+    s.add_argument(
+        "--store",
+        default=_env("STORE", None),
+        help="config store: sqlite:///PATH (default: in the state directory), "
+        "redis://HOST:PORT/DB (shared by several frontends) or memory:// [CLIPPER_STORE]",
     )
     s.add_argument(
         "--cache-bytes",
@@ -118,7 +124,8 @@ def _start(args: argparse.Namespace) -> int:
             admin_host=args.admin_host,
             admin_port=args.admin_port,
             admin_token=args.admin_token,
-            state_dir=Path(args.state_dir) if args.state_dir else None,
+            state_dir=Path(args.state_dir).expanduser(),
+            store=args.store or f"sqlite:///{Path(args.state_dir).expanduser()}",
             cache_bytes=args.cache_bytes,
             cache_policy=args.cache_policy,
             max_body_bytes=args.max_body_bytes,

@@ -81,6 +81,10 @@ class FrontendConfig:
     replica_timeout_s: float = 3.0
     v3_replica_timeout_s: float = 30.0
     state_dir: Path | None = None
+    # Where applications, models, links and replica counts live: "memory://" (gone with the
+    # process), "sqlite:///dir-or-file" (the CLI's default, in the state directory) or
+    # "redis://host:port/db" (shared by several frontends).
+    store: str = "memory://"
     python: str | None = None
     # The admin API changes what is served: loopback only, unless a bearer token guards it.
     admin_host: str = "127.0.0.1"

@@ -71,6 +71,27 @@ class Application:
     def slo_s(self) -> float:
         return self.latency_slo_micros / 1e6
 
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "input_type": self.input_type.readable,
+            "default_output": self.default_output,
+            "latency_slo_micros": self.latency_slo_micros,
+            "cache": self.cache,
+            "overload": self.overload,
+        }
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> Application:
+        return cls(
+            name=r["name"],
+            input_type=InputType.parse(r["input_type"]),
+            default_output=r["default_output"],
+            latency_slo_micros=int(r["latency_slo_micros"]),
+            cache=bool(r.get("cache", True)),
+            overload=r.get("overload", "default"),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ModelVersion:
@@ -94,6 +115,31 @@ class ModelVersion:
     @property
     def key(self) -> tuple[str, str]:
         return (self.name, self.version)
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "input_type": self.input_type.readable,
+            "labels": list(self.labels),
+            "artifact": self.artifact,
+            "container_name": self.container_name,
+            "batching": self.batching.to_dict(),
+            "num_replicas": self.num_replicas,
+        }
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> ModelVersion:
+        return cls(
+            name=r["name"],
+            version=r["version"],
+            input_type=InputType.parse(r["input_type"]),
+            labels=tuple(r.get("labels", ())),
+            artifact=r.get("artifact"),
+            container_name=r.get("container_name", "clipper-serve/python"),
+            batching=BatchingConfig(**r.get("batching", {})),
+            num_replicas=int(r.get("num_replicas", 1)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +166,9 @@ class Registry:
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
 
     def _emit(self, change: Change) -> None:
         for listener in self._listeners:

@@ -17,7 +17,7 @@ import signal
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,9 +34,11 @@ from clipper.frontend.metrics import Metrics
 from clipper.frontend.query import QueryProcessor
 from clipper.inputs import InputType
 from clipper.managers.local import LocalManager
+from clipper.persistence import StoreSync
 from clipper.registry import Application, Change, ModelVersion, Registry
 from clipper.rpc import wire
 from clipper.rpc.server import RpcServer
+from clipper.store.base import Store, open_store
 
 __all__ = ["Clipper"]
 
@@ -118,6 +120,9 @@ class Clipper:
         self._ready_events: dict[tuple[str, str], asyncio.Event] = {}
         self._started = False
         self._stop_event: asyncio.Event | None = None
+        self.store: Store | None = None
+        self.sync: StoreSync | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.registry.subscribe(self._on_change)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -125,6 +130,14 @@ class Clipper:
         if self._started:
             return
         self._stop_event = asyncio.Event()
+        self.store = open_store(self.config.store)
+        await self.store.open()
+        try:
+            self.sync = StoreSync(self.registry, self.store, on_remote=self._on_remote_change)
+            await self.sync.start()
+        except BaseException:
+            await self.store.close()
+            raise
         await self.rpc.start()
         try:
             await self.http.start()
@@ -137,6 +150,11 @@ class Clipper:
             await self.rpc.stop()
             raise
         self._started = True
+        # What the store says should run, runs again: a restart needs no manual step.
+        for versions in self.registry.models.values():
+            for mv in versions.values():
+                if mv.artifact is not None and mv.num_replicas:
+                    self._spawn(self.manager.ensure(mv), f"restore {mv.name}:{mv.version}")
         log.info(
             "query API on http://%s:%s, RPC on %s",
             self.config.host,
@@ -148,12 +166,20 @@ class Clipper:
         if not self._started:
             return
         self._started = False
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.admin.stop()
         await self.manager.stop_all()
         await self.admin_http.stop()
         await self.http.stop()
         for sched in self.schedulers.values():
             sched.close(ReplicaError("the frontend is shutting down"))
         await self.rpc.stop()
+        if self.sync is not None:
+            await self.sync.stop()
+        if self.store is not None:
+            await self.store.close()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -230,8 +256,55 @@ class Clipper:
     def link_model_to_app(self, app_name: str, model_name: str) -> None:
         self.registry.link(app_name, model_name)
 
-    def set_model_version(self, name: str, version: str) -> None:
+    async def set_model_version(
+        self,
+        name: str,
+        version: str,
+        *,
+        ready_timeout_s: float = 60.0,
+        retire_previous: bool = True,
+    ) -> None:
+        """Switch ``name``'s traffic to ``version`` (forward or back) without failing a query:
+        the target's replicas are started (as many as the current version runs) and traffic
+        switches once they are connected; the previous version then drains its queue and
+        in-flight batches and stops, staying registered for a later rollback (with
+        ``retire_previous=False`` it keeps running, for queries that pin it)."""
+        target = self.registry.get_model(name, version)
+        previous = self.registry.current.get(name)
+        if previous == version:
+            return
+        old = self.registry.models[name].get(previous or "")
+        if target.artifact is not None:
+            wanted = target.num_replicas or (old.num_replicas if old else 1) or 1
+            if target.num_replicas != wanted:
+                target = self.registry.set_num_replicas(name, version, wanted)
+            await self.manager.ensure(target)
+            await self.wait_for_replicas(name, version, wanted, ready_timeout_s=ready_timeout_s)
         self.registry.set_model_version(name, version)
+        if retire_previous and old is not None and old.artifact is not None and old.num_replicas:
+            self._spawn(self._retire(old), f"retire {old.name}:{old.version}")
+
+    async def _retire(self, mv: ModelVersion) -> None:
+        """Stop a version that no longer takes traffic once what it was given is answered."""
+        sched = self.schedulers.get(mv.key)
+        if sched is not None:
+            event = asyncio.Event()
+            limit = asyncio.get_running_loop().time() + sched.slo_s + _DRAIN_TIMEOUT_S
+            while sched.queue or any(r.in_flight for r in sched.replicas):
+                # Woken by each answer; bounded by one SLO (what is queued is answered or
+                # expired by then) plus the drain allowance.
+                sched.on_drained = event.set
+                remaining = limit - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), remaining)
+                event.clear()
+            sched.on_drained = None
+        still_registered = mv.version in self.registry.models.get(mv.name, {})
+        if still_registered and self.registry.current.get(mv.name) != mv.version:
+            stopped = self.registry.set_num_replicas(mv.name, mv.version, 0)
+            await self.manager.ensure(stopped)
 
     async def deploy_model(
         self,
@@ -245,6 +318,7 @@ class Clipper:
         labels: Sequence[str] = (),
         artifact: str | Path | None = None,
         set_current: bool = True,
+        retire_previous: bool = True,
         wait: bool = True,
         ready_timeout_s: float = 60.0,
     ) -> ModelVersion:
@@ -279,7 +353,9 @@ class Clipper:
             self.registry.delete_model_version(name, version)
             raise
         if set_current:
-            self.registry.set_model_version(name, version)
+            await self.set_model_version(
+                name, version, ready_timeout_s=ready_timeout_s, retire_previous=retire_previous
+            )
         return mv
 
     async def set_num_replicas(
@@ -368,6 +444,33 @@ class Clipper:
             # (an unlinked model included). There are few schedulers; recompute them all.
             for (name, _), sched in self.schedulers.items():
                 sched.set_slo(self._slo_for(name))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        """A background task this frontend owns: cancelled on stop, failures logged."""
+
+        async def run() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s failed", what)
+
+        task = asyncio.create_task(run(), name=f"clipper: {what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_remote_change(self, change: Change) -> None:
+        """Another frontend changed the shared store: run what it says should run here too."""
+        if change.kind in ("model", "replicas") and change.version is not None:
+            mv = self.registry.models.get(change.name, {}).get(change.version)
+            if mv is not None and mv.artifact is not None:
+                self._spawn(self.manager.ensure(mv), f"ensure {mv.name}:{mv.version}")
+            elif mv is None:
+                self._spawn(
+                    self.manager.stop_model(change.name, change.version),
+                    f"stop {change.name}:{change.version}",
+                )
 
     def _slo_for(self, model: str) -> float:
         slos = [

@@ -58,7 +58,7 @@ async def clipper() -> AsyncIterator[Clipper]:
         c.link_model_to_app("ver", "versioned")
         # v2 becomes current once its replica is connected.
         await c.deploy_model(
-            "versioned", "2", models.version_two, input_type="doubles", set_current=True
+            "versioned", "2", models.version_two, input_type="doubles", retire_previous=False
         )
         c.register_application("lonely", "doubles", "-1.0", SLO_US)
         c.register_application("lonely-obj", "doubles", '{"label": "none"}', SLO_US)

@@ -104,6 +104,8 @@ class ModelScheduler:
         self._replica_gauge = metrics.replicas.labels(**labels)
         metrics.queue_depth.labels(**labels).set_function(lambda: len(self.queue))
         self.on_replicas_changed: Callable[[ModelScheduler], None] | None = None
+        # Called after each answered batch while a retiring version drains.
+        self.on_drained: Callable[[], None] | None = None
 
     # replicas
     def _new_controller(self) -> BatchController:
@@ -312,6 +314,8 @@ class ModelScheduler:
                 elif task.waiter is not None:
                     task.waiter(out, None)
         self.pump()
+        if self.on_drained is not None:
+            self.on_drained()
 
     def _deliver(self, task: Task, value: object, err: BaseException | None) -> None:
         if task.key is not None:

@@ -1,26 +1,825 @@
-"""The admin API (port 1338): the original Clipper management routes, and extensions."""
+"""The admin API (port 1338): the original Clipper management routes, and extensions.
+
+Compatibility spec: clipper-original.md section 3. Every route but ``GET /admin/ping`` is a POST
+with a JSON body. Successes are plain text or JSON as the original answers them; failures are
+HTTP 400 with the message as plain text, and malformed or mistyped JSON answers
+``Error parsing JSON: <msg>. Expected JSON schema: <schema>``. The extensions (deploying from an
+artifact, uploads, scaling, replica details) are documented in docs/admin-api.md.
+
+Routes are synchronous callbacks; the ones that wait for replicas (deploy, scale, delete) run as
+asyncio tasks owned by :class:`AdminApi`, which :meth:`AdminApi.stop` cancels.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
-from clipper.errors import NotFoundError
-from clipper.frontend.http import Respond
+import orjson
+
+from clipper.config import BatchingConfig
+from clipper.errors import ClipperError, ConfigError, NotFoundError, RegistryError
+from clipper.frontend.http import JSON, Respond
+from clipper.inputs import InputType
+from clipper.registry import Application, ModelVersion, check_name
 
 if TYPE_CHECKING:
+    from clipper.batching.scheduler import Replica
     from clipper.server import Clipper
 
 __all__ = ["AdminApi"]
+
+log = logging.getLogger("clipper.admin")
+
+TEXT = b"text/plain; charset=utf-8"
+_LOG_TAIL_BYTES = 1 << 20
+
+Reply = tuple[int, bytes, bytes]
+Handler = Callable[[dict[str, Any]], Reply]
+AsyncHandler = Callable[[dict[str, Any]], Awaitable[Reply]]
+
+_INPUT_TYPES = '"integers" | "bytes" | "floats" | "doubles" | "strings" | "json"'
+_BATCHING = (
+    '{"controller" := "aimd" | "quantile" | "fixed", "max_batch_size" := int, '
+    '"max_wait_micros" := int, "in_flight" := int, "target_fraction" := number, '
+    '"params" := object}'
+)
+
+# The original's schema texts, as one line each (extensions in docs/admin-api.md).
+SCHEMAS: dict[str, str] = {
+    "add_app": (
+        '{"name" := string, "input_type" := ' + _INPUT_TYPES + ', "default_output" := string, '
+        '"latency_slo_micros" := int, "cache" := bool (optional), '
+        '"overload" := "default" | "reject" (optional)}'
+    ),
+    "delete_app": '{"name" := string}',
+    "add_model": (
+        '{"model_name" := string, "model_version" := string, "labels" := [string], '
+        '"input_type" := ' + _INPUT_TYPES + ', "container_name" := string, '
+        '"model_data_path" := string, "batch_size" := int}'
+    ),
+    "add_model_links": '{"app_name" := string, "model_names" := [string]}',
+    "delete_model_links": '{"app_name" := string, "model_names" := [string]}',
+    "set_model_version": '{"model_name" := string, "model_version" := string}',
+    "delete_versioned_model": '{"model_name" := string, "model_version" := string}',
+    "get_all_applications": '{"verbose" := bool}',
+    "get_application": '{"name" := string}',
+    "get_linked_models": '{"app_name" := string}',
+    "get_all_models": '{"verbose" := bool}',
+    "get_model": '{"model_name" := string, "model_version" := string}',
+    "get_all_containers": '{"verbose" := bool}',
+    "get_container": '{"model_name" := string, "model_version" := string, "replica_id" := int}',
+    "get_state": '{"app_name" := string, "uid" := int}',
+    "deploy_model": (
+        '{"model_name" := string, "model_version" := string, "input_type" := '
+        + _INPUT_TYPES
+        + ', "artifact_path" := string, "num_replicas" := int (default 1), '
+        '"batching" := ' + _BATCHING + ' (optional), "labels" := [string] (optional)}'
+    ),
+    "stage_model": (
+        '{"model_name" := string, "model_version" := string, "input_type" := '
+        + _INPUT_TYPES
+        + ', "artifact_path" := string, "num_replicas" := int (default 1), '
+        '"batching" := ' + _BATCHING + " (optional)}"
+    ),
+    "upload_model": (
+        "POST /admin/upload_model?name=<model>&version=<version>&input_type=<type>"
+        "[&num_replicas=<int>] with the cloudpickle file as the body"
+    ),
+    "set_num_replicas": (
+        '{"model_name" := string, "model_version" := string (optional: the current one), '
+        '"num_replicas" := int, "artifact_path" := string (optional)}'
+    ),
+    "update_app": (
+        '{"name" := string, "latency_slo_micros" := int (optional), '
+        '"default_output" := string (optional), "cache" := bool (optional), '
+        '"overload" := "default" | "reject" (optional)}'
+    ),
+    "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
+    "get_logs": '{"max_bytes" := int (optional)}',
+}
+
+
+class _JsonError(Exception):
+    """A request body that does not follow its route's schema."""
+
+
+class _OpError(Exception):
+    """The original's ManagementOperationError: answered 400 with the message."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """A deployment announced by a container manager before its ``add_model`` arrives."""
+
+    input_type: InputType
+    artifact: str
+    num_replicas: int
+    batching: BatchingConfig | None
+
+
+# -- request fields -------------------------------------------------------------------------------
+
+
+def _require(doc: dict[str, Any], key: str) -> Any:
+    if key not in doc:
+        raise _JsonError(f"JSON object does not have required key: {key}")
+    return doc[key]
+
+
+def _str(doc: dict[str, Any], key: str, default: str | None = None) -> str:
+    if default is not None and key not in doc:
+        return default
+    value = _require(doc, key)
+    if not isinstance(value, str):
+        raise _JsonError(f"Type mismatch! JSON key {key} expected type string")
+    return value
+
+
+def _opt_str(doc: dict[str, Any], key: str) -> str | None:
+    if doc.get(key) is None:
+        return None
+    return _str(doc, key)
+
+
+def _int(doc: dict[str, Any], key: str, default: int | None = None) -> int:
+    if default is not None and key not in doc:
+        return default
+    value = _require(doc, key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _JsonError(f"Type mismatch! JSON key {key} expected type int")
+    return value
+
+
+def _bool(doc: dict[str, Any], key: str, default: bool | None = None) -> bool:
+    if default is not None and key not in doc:
+        return default
+    value = _require(doc, key)
+    if not isinstance(value, bool):
+        raise _JsonError(f"Type mismatch! JSON key {key} expected type bool")
+    return value
+
+
+def _str_list(doc: dict[str, Any], key: str, default: list[str] | None = None) -> list[str]:
+    if default is not None and key not in doc:
+        return default
+    value = _require(doc, key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _JsonError(f"Type mismatch! JSON key {key} expected type array of strings")
+    return value
+
+
+def _input_type(name: str) -> InputType:
+    try:
+        return InputType.parse(name)
+    except ValueError as e:
+        raise _OpError(str(e)) from None
+
+
+def _batching(doc: dict[str, Any]) -> BatchingConfig | None:
+    spec = doc.get("batching")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise _JsonError("Type mismatch! JSON key batching expected type object")
+    allowed = {
+        "controller",
+        "max_batch_size",
+        "max_wait_micros",
+        "in_flight",
+        "target_fraction",
+        "params",
+    }
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise _JsonError(f"unknown batching keys {unknown}; expected some of {sorted(allowed)}")
+    try:
+        return BatchingConfig(**spec)
+    except (ConfigError, TypeError) as e:
+        raise _OpError(f"invalid batching: {e}") from None
+
+
+def _artifact(path: str) -> str:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise _OpError(
+            f"artifact_path '{path}' does not exist on the frontend's machine: give a "
+            "cloudpickle file or a directory artifact there, or use /admin/upload_model"
+        )
+    return str(p.resolve())
+
+
+def _num_replicas(doc: dict[str, Any], default: int | None = None) -> int:
+    n = _int(doc, "num_replicas", default)
+    if n < 0:
+        raise _OpError(f"num_replicas must be >= 0, got {n}")
+    return n
+
+
+def _check_chars(kind: str, value: str) -> None:
+    # The original's delimiters: "name:version" ids and comma-joined labels in Redis.
+    if "," in value or ":" in value:
+        raise _OpError(f"{kind} '{value}' contains prohibited characters (',' or ':')")
+
+
+def _text(msg: str) -> Reply:
+    return 200, msg.encode(), TEXT
+
+
+def _json(doc: Any) -> Reply:
+    return 200, orjson.dumps(doc), JSON
+
+
+def _histogram_p50(buckets: list[tuple[float, float]]) -> float | None:
+    """The median of a cumulative histogram, interpolated inside its bucket as Prometheus's
+    ``histogram_quantile(0.5, ...)`` does; None with no observations."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = total / 2
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            if count == below:
+                return upper
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower
 
 
 class AdminApi:
     def __init__(self, clipper: Clipper) -> None:
         self.clipper = clipper
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._staged: dict[tuple[str, str], _Staged] = {}
+        self._sync: dict[str, Handler] = {
+            "add_app": self._add_app,
+            "delete_app": self._delete_app,
+            "add_model_links": self._add_model_links,
+            "delete_model_links": self._delete_model_links,
+            "get_all_applications": self._get_all_applications,
+            "get_application": self._get_application,
+            "get_linked_models": self._get_linked_models,
+            "get_all_models": self._get_all_models,
+            "get_model": self._get_model,
+            "get_all_containers": self._get_all_containers,
+            "get_container": self._get_container,
+            "get_state": self._get_state,
+            "stage_model": self._stage_model,
+            "update_app": self._update_app,
+            "get_replicas": self._get_replicas,
+            "get_logs": self._get_logs,
+        }
+        self._async: dict[str, AsyncHandler] = {
+            "add_model": self._add_model,
+            "delete_versioned_model": self._delete_versioned_model,
+            "deploy_model": self._deploy_model,
+            "set_num_replicas": self._set_num_replicas,
+            "set_model_version": self._set_model_version,
+        }
 
+    # -- dispatch ------------------------------------------------------------------------------
     def route(
         self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
     ) -> None:
-        if method == b"GET" and path.rstrip("/") == "/admin/ping":
-            respond(200, b"PONG", b"text/plain")
+        path, _, query = path.partition("?")
+        if not query:
+            query = headers.get(b":query", b"").decode("utf-8", "replace")
+        path = path.rstrip("/")
+        if not path.startswith("/admin/"):
+            raise NotFoundError(f"no admin route for {method.decode()} {path}")
+        name = path[len("/admin/") :]
+        if name == "ping":
+            if method != b"GET":
+                respond(405, b"use GET /admin/ping", TEXT)
+                return
+            respond(200, b"PONG", TEXT)
             return
-        raise NotFoundError(f"no admin route for {method.decode()} {path}")
+        if name == "upload_model":
+            if method != b"POST":
+                respond(405, b"use POST /admin/upload_model", TEXT)
+                return
+            self._spawn(self._upload_model(query, headers, body), respond)
+            return
+        sync = self._sync.get(name)
+        run_async = self._async.get(name)
+        if sync is None and run_async is None:
+            raise NotFoundError(
+                f"no admin route for {method.decode()} {path}; see docs/admin-api.md"
+            )
+        if method != b"POST":
+            respond(405, f"use POST {path} with a JSON body".encode(), TEXT)
+            return
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            respond(400, _schema_error(name, str(e)), TEXT)
+            return
+        if not isinstance(doc, dict):
+            respond(400, _schema_error(name, "the body must be a JSON object"), TEXT)
+            return
+        if run_async is not None:
+            self._spawn(self._guarded(name, run_async, doc), respond)
+            return
+        assert sync is not None
+        try:
+            status, data, ctype = sync(doc)
+        except _JsonError as e:
+            respond(400, _schema_error(name, str(e)), TEXT)
+        except (_OpError, ClipperError) as e:
+            respond(400, str(e).encode(), TEXT)
+        else:
+            respond(status, data, ctype)
+
+    async def _guarded(self, name: str, handler: AsyncHandler, doc: dict[str, Any]) -> Reply:
+        try:
+            return await handler(doc)
+        except _JsonError as e:
+            return 400, _schema_error(name, str(e)), TEXT
+
+    def _spawn(self, work: Coroutine[Any, Any, Reply], respond: Respond) -> None:
+        task = asyncio.get_running_loop().create_task(self._answer(work, respond))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, work: Coroutine[Any, Any, Reply], respond: Respond) -> None:
+        try:
+            status, data, ctype = await work
+        except asyncio.CancelledError:
+            respond(503, b"the frontend is shutting down", TEXT)
+            raise
+        except (_OpError, ClipperError) as e:
+            respond(400, str(e).encode(), TEXT)
+        except Exception:
+            log.exception("unexpected error in an admin operation")
+            respond(500, b"An unexpected error occurred!", TEXT)
+        else:
+            respond(status, data, ctype)
+
+    async def stop(self) -> None:
+        """Cancel the operations still running (deploys waiting for replicas, scaling) and wait
+        for them to undo what they started. Call before the manager stops its processes."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._staged.clear()
+
+    # -- applications --------------------------------------------------------------------------
+    def _add_app(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "name")
+        itype = _input_type(_str(doc, "input_type"))
+        default_output = _str(doc, "default_output")
+        slo = _int(doc, "latency_slo_micros")
+        cache = _bool(doc, "cache", True)
+        overload = _str(doc, "overload", "default")
+        if overload not in ("default", "reject"):
+            raise _OpError(f"overload must be 'default' or 'reject', got {overload!r}")
+        self.clipper.register_application(
+            name,
+            itype,
+            default_output,
+            slo,
+            cache=cache,
+            overload="reject" if overload == "reject" else "default",
+        )
+        return _text(f"Successfully added application with name '{name}'")
+
+    def _delete_app(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "name")
+        # The registry drops the app's links with it; the query API answers 404 from then on.
+        self.clipper.delete_application(name)
+        return _text(f"Successfully deleted application with name '{name}'")
+
+    def _update_app(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "name")
+        changes: dict[str, Any] = {}
+        if "latency_slo_micros" in doc:
+            changes["latency_slo_micros"] = _int(doc, "latency_slo_micros")
+        if "default_output" in doc:
+            changes["default_output"] = _str(doc, "default_output")
+        if "cache" in doc:
+            changes["cache"] = _bool(doc, "cache")
+        if "overload" in doc:
+            overload = _str(doc, "overload")
+            if overload not in ("default", "reject"):
+                raise _OpError(f"overload must be 'default' or 'reject', got {overload!r}")
+            changes["overload"] = overload
+        unknown = sorted(set(doc) - {"name", *changes})
+        if unknown:
+            raise _JsonError(f"unknown keys {unknown}")
+        self.clipper.registry.update_app(name, **changes)
+        return _text(f"Successfully updated application with name '{name}'")
+
+    def _app_doc(self, app: Application) -> dict[str, Any]:
+        return {
+            "input_type": app.input_type.readable,
+            "default_output": app.default_output,
+            "latency_slo_micros": app.latency_slo_micros,
+            "name": app.name,
+            "linked_models": self.clipper.registry.linked_models(app.name),
+        }
+
+    def _get_all_applications(self, doc: dict[str, Any]) -> Reply:
+        verbose = _bool(doc, "verbose", False)
+        apps = list(self.clipper.registry.apps.values())
+        if verbose:
+            return _json([self._app_doc(a) for a in apps])
+        return _json([a.name for a in apps])
+
+    def _get_application(self, doc: dict[str, Any]) -> Reply:
+        app = self.clipper.registry.apps.get(_str(doc, "name"))
+        return _json(self._app_doc(app) if app is not None else {})
+
+    def _get_linked_models(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "app_name")
+        if name not in self.clipper.registry.apps:
+            raise _OpError(f"No application with name '{name}' exists.")
+        return _json(self.clipper.registry.linked_models(name))
+
+    def _get_state(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "app_name")
+        _int(doc, "uid", 0)
+        app = self.clipper.registry.apps.get(name)
+        if app is None:
+            raise _OpError(f"No application with name '{name}' exists.")
+        return _text(app.default_output)
+
+    # -- links ---------------------------------------------------------------------------------
+    def _add_model_links(self, doc: dict[str, Any]) -> Reply:
+        app = _str(doc, "app_name")
+        names = _str_list(doc, "model_names")
+        if app not in self.clipper.registry.apps:
+            raise _OpError(f"No app with name '{app}' exists.")
+        if len(names) != 1:
+            raise _OpError(
+                "Applications must be linked with at most one model. "
+                f"Attempted to link {len(names)} models to application '{app}'."
+            )
+        self.clipper.link_model_to_app(app, names[0])
+        return _text(f"Successfully linked model with name '{names[0]}' to application '{app}'")
+
+    def _delete_model_links(self, doc: dict[str, Any]) -> Reply:
+        app = _str(doc, "app_name")
+        names = _str_list(doc, "model_names")
+        registry = self.clipper.registry
+        if app not in registry.apps:
+            raise _OpError(f"No app with name '{app}' exists.")
+        linked = registry.linked_models(app)
+        missing = [n for n in names if n not in linked]
+        if missing:
+            raise _OpError(f"Model '{missing[0]}' is not linked to '{app}'")
+        for n in dict.fromkeys(names):
+            registry.unlink(app, n)
+        return _text("Success!")
+
+    # -- models --------------------------------------------------------------------------------
+    async def _add_model(self, doc: dict[str, Any]) -> Reply:
+        c = self.clipper
+        name = _str(doc, "model_name")
+        version = _str(doc, "model_version")
+        itype = _input_type(_str(doc, "input_type"))
+        labels = _str_list(doc, "labels", [])
+        container_name = _str(doc, "container_name", "NO_CONTAINER")
+        _str(doc, "model_data_path", "DEPRECATED")
+        batch_size = _int(doc, "batch_size", -1)
+        for kind, value in (("model name", name), ("model version", version)):
+            _check_chars(kind, value)
+        for label in labels:
+            _check_chars("label", label)
+        if batch_size <= 0 and batch_size != -1:
+            raise _OpError(
+                f"Invalid batch size {batch_size}: it must be a positive integer, or -1 to "
+                "let Clipper size batches adaptively"
+            )
+        if version in c.registry.models.get(name, {}):
+            raise _OpError(f"model with name '{name}' and version '{version}' already exists")
+        batching = (
+            BatchingConfig(controller="fixed", max_batch_size=batch_size)
+            if batch_size > 0
+            else None
+        )
+        staged = self._staged.pop((name, version), None)
+        if staged is not None:
+            # A container manager asked for replicas of this version before registering it
+            # (clipper_admin's deploy_model): start them, and answer once they are connected.
+            if staged.input_type is not itype:
+                raise _OpError(
+                    f"model '{name}' version '{version}' was staged with input type "
+                    f"{staged.input_type.readable}, but add_model says {itype.readable}"
+                )
+            await c.deploy_model(
+                name,
+                version,
+                input_type=itype,
+                artifact=staged.artifact,
+                num_replicas=staged.num_replicas,
+                batching=staged.batching or batching,
+                labels=labels,
+            )
+        else:
+            # Registered only: its containers are started elsewhere and dial in to the RPC
+            # port, as in the original.
+            c.registry.add_model(
+                ModelVersion(
+                    name=name,
+                    version=version,
+                    input_type=itype,
+                    labels=tuple(labels),
+                    container_name=container_name,
+                    batching=batching or BatchingConfig(),
+                    num_replicas=0,
+                )
+            )
+            # The original only points the model at this version; nothing is stopped.
+            c.registry.set_model_version(name, version)
+        return _text(
+            f"Successfully added model with name '{name}' and input type '{itype.readable}'"
+        )
+
+    def _model_doc(self, mv: ModelVersion) -> dict[str, Any]:
+        return {
+            "model_name": mv.name,
+            "model_version": mv.version,
+            "input_type": mv.input_type.readable,
+            "labels": list(mv.labels),
+            "container_name": mv.container_name,
+            "model_data_path": mv.artifact or "DEPRECATED",
+            "is_current_version": self.clipper.registry.current.get(mv.name) == mv.version,
+        }
+
+    def _versions(self) -> list[ModelVersion]:
+        return [mv for vs in self.clipper.registry.models.values() for mv in vs.values()]
+
+    def _get_all_models(self, doc: dict[str, Any]) -> Reply:
+        verbose = _bool(doc, "verbose", False)
+        if verbose:
+            return _json([self._model_doc(mv) for mv in self._versions()])
+        return _json([f"{mv.name}:{mv.version}" for mv in self._versions()])
+
+    def _get_model(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "model_name")
+        version = _str(doc, "model_version")
+        mv = self.clipper.registry.models.get(name, {}).get(version)
+        return _json(self._model_doc(mv) if mv is not None else {})
+
+    async def _set_model_version(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "model_name")
+        version = _str(doc, "model_version")
+        # The facade starts the target's replicas first (when it has an artifact), switches
+        # traffic once they are connected, then drains and stops the previous version.
+        await self.clipper.set_model_version(name, version)
+        return _text(f"Successfully set model with name '{name}' to version '{version}'")
+
+    async def _delete_versioned_model(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "model_name")
+        version = _str(doc, "model_version")
+        if version not in self.clipper.registry.models.get(name, {}):
+            raise _OpError(f"Model with name '{name}' and version '{version}' does not exist")
+        # Its processes are stopped (draining what they hold), then the version is removed.
+        await self.clipper.stop_model(name, version)
+        return _text(f"Successfully deleted model with name '{name}' and version '{version}'")
+
+    # -- deployment (extensions) ---------------------------------------------------------------
+    async def _deploy_model(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "model_name")
+        version = _str(doc, "model_version")
+        itype = _input_type(_str(doc, "input_type"))
+        artifact = _artifact(_str(doc, "artifact_path"))
+        n = _num_replicas(doc, 1)
+        batching = _batching(doc)
+        labels = _str_list(doc, "labels", [])
+        return await self._deploy(
+            name, version, itype=itype, artifact=artifact, n=n, batching=batching, labels=labels
+        )
+
+    async def _deploy(
+        self,
+        name: str,
+        version: str,
+        *,
+        itype: InputType,
+        artifact: str,
+        n: int,
+        batching: BatchingConfig | None,
+        labels: list[str],
+    ) -> Reply:
+        await self.clipper.deploy_model(
+            name,
+            version,
+            input_type=itype,
+            artifact=artifact,
+            num_replicas=n,
+            batching=batching,
+            labels=labels,
+        )
+        return _json({"model_name": name, "model_version": version, "num_replicas": n})
+
+    async def _upload_model(self, query: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
+        params = dict(parse_qsl(query))
+
+        def param(key: str, default: str | None = None) -> str:
+            value = params.get(key)
+            if value is None:
+                header = headers.get(f"x-clipper-{key.replace('_', '-')}".encode())
+                value = header.decode("utf-8", "replace") if header is not None else default
+            if value is None:
+                raise _OpError(
+                    f"missing parameter {key}. Expected: {SCHEMAS['upload_model']} "
+                    "(or the headers X-Clipper-Name, X-Clipper-Version, X-Clipper-Input-Type, "
+                    "X-Clipper-Num-Replicas)"
+                )
+            return value
+
+        name, version = param("name"), param("version")
+        itype = _input_type(param("input_type"))
+        try:
+            n = int(param("num_replicas", "1"))
+        except ValueError:
+            raise _OpError("num_replicas must be an integer") from None
+        if n < 0:
+            raise _OpError(f"num_replicas must be >= 0, got {n}")
+        if not body:
+            raise _OpError("the request body must be the model's cloudpickle file")
+        try:
+            check_name("model", name)
+            check_name("version", version)
+        except RegistryError as e:
+            raise _OpError(str(e)) from None
+        if version in self.clipper.registry.models.get(name, {}):
+            # Refuse before writing: the running version's file must stay as it is.
+            raise _OpError(f"model with name '{name}' and version '{version}' already exists")
+        path = self.clipper.state_dir / "uploads" / name / version / "model.pkl"
+        await asyncio.to_thread(_write, path, body)
+        return await self._deploy(
+            name, version, itype=itype, artifact=str(path), n=n, batching=None, labels=[]
+        )
+
+    def _stage_model(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "model_name")
+        version = _str(doc, "model_version")
+        itype = _input_type(_str(doc, "input_type"))
+        artifact = _artifact(_str(doc, "artifact_path"))
+        n = _num_replicas(doc, 1)
+        batching = _batching(doc)
+        try:
+            check_name("model", name)
+            check_name("version", version)
+        except RegistryError as e:
+            raise _OpError(str(e)) from None
+        if version in self.clipper.registry.models.get(name, {}):
+            raise _OpError(f"model with name '{name}' and version '{version}' already exists")
+        self._staged[(name, version)] = _Staged(itype, artifact, n, batching)
+        return _text(
+            f"Successfully staged model with name '{name}' and version '{version}': "
+            f"add_model will start {n} replicas of {artifact}"
+        )
+
+    async def _set_num_replicas(self, doc: dict[str, Any]) -> Reply:
+        c = self.clipper
+        name = _str(doc, "model_name")
+        version = _opt_str(doc, "model_version")
+        n = _num_replicas(doc)
+        artifact = _opt_str(doc, "artifact_path")
+        mv = c.registry.get_model(name, version)
+        if mv.artifact is None and artifact is not None and n > 0:
+            # Registered without an artifact (add_model): attach the one given, so the local
+            # manager can run it.
+            mv = replace(mv, artifact=_artifact(artifact))
+            c.registry.models[name][mv.version] = mv
+        if mv.artifact is None:
+            if n > 0:
+                raise _OpError(
+                    f"model {name}:{mv.version} has no artifact for clipper-serve to run (its "
+                    "containers are started elsewhere): pass artifact_path, or deploy it with "
+                    "/admin/deploy_model"
+                )
+            c.registry.set_num_replicas(name, mv.version, 0)
+        else:
+            await c.set_num_replicas(name, n, mv.version)
+        return _text(
+            f"Successfully set the number of replicas of model with name '{name}' and version "
+            f"'{mv.version}' to {n}"
+        )
+
+    # -- containers and replicas ---------------------------------------------------------------
+    def _replicas(self, name: str | None = None, version: str | None = None) -> list[Replica]:
+        out: list[Replica] = []
+        for (n, v), sched in sorted(self.clipper.schedulers.items()):
+            if (name is None or n == name) and (version is None or v == version):
+                out.extend(sorted(sched.replicas, key=lambda r: r.replica_id))
+        return out
+
+    @staticmethod
+    def _container_doc(r: Replica) -> dict[str, Any]:
+        assert r.scheduler is not None
+        mv = r.scheduler.mv
+        return {
+            "model_id": f"{mv.name}:{mv.version}",
+            "model_name": mv.name,
+            "model_version": mv.version,
+            "model_replica_id": r.replica_id,
+            "input_type": mv.input_type.readable,
+        }
+
+    def _get_all_containers(self, doc: dict[str, Any]) -> Reply:
+        verbose = _bool(doc, "verbose", False)
+        replicas = [r for r in self._replicas() if r.scheduler is not None]
+        if verbose:
+            return _json([self._container_doc(r) for r in replicas])
+        return _json(
+            [f"{d['model_id']}:{d['model_replica_id']}" for d in map(self._container_doc, replicas)]
+        )
+
+    def _get_container(self, doc: dict[str, Any]) -> Reply:
+        name = _str(doc, "model_name")
+        version = _str(doc, "model_version")
+        replica_id = _int(doc, "replica_id")
+        for r in self._replicas(name, version):
+            if r.replica_id == replica_id and r.scheduler is not None:
+                return _json(self._container_doc(r))
+        return _json({})
+
+    def _get_replicas(self, doc: dict[str, Any]) -> Reply:
+        c = self.clipper
+        name = _opt_str(doc, "model_name")
+        version = _opt_str(doc, "model_version")
+        p50 = self._latency_p50s()
+        now = c.clock.now()
+        out = []
+        for r in self._replicas(name, version):
+            sched = r.scheduler
+            if sched is None:
+                continue
+            mv = sched.mv
+            procs = c.manager.replicas(mv.name, mv.version) if r.address else []
+            proc = next((p for p in procs if p.token == r.address), None)
+            median = p50.get((mv.name, mv.version, str(r.replica_id)))
+            out.append(
+                {
+                    "model_name": mv.name,
+                    "model_version": mv.version,
+                    "replica_id": r.replica_id,
+                    "framing": "fast" if r.fast else "v3",
+                    "in_flight_batches": len(r.in_flight),
+                    "seconds_since_heard": round(max(now - r.last_seen, 0.0), 3),
+                    "batch_latency_p50_ms": None if median is None else round(median * 1e3, 3),
+                    "max_batch_size": r.controller.max_batch_size() if r.controller else None,
+                    "draining": r.draining,
+                    "pid": proc.pid if proc is not None else None,
+                    "restarts": proc.restarts if proc is not None else None,
+                }
+            )
+        return _json(out)
+
+    def _latency_p50s(self) -> dict[tuple[str, str, str], float]:
+        """Per replica, the median batch round trip from its latency histogram."""
+        cumulative: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+        for family in self.clipper.metrics.replica_latency.collect():
+            for s in family.samples:
+                if not s.name.endswith("_bucket"):
+                    continue
+                key = (s.labels["model"], s.labels["version"], s.labels["replica"])
+                cumulative.setdefault(key, []).append((float(s.labels["le"]), s.value))
+        out = {}
+        for key, buckets in cumulative.items():
+            median = _histogram_p50(sorted(buckets))
+            if median is not None:
+                out[key] = median
+        return out
+
+    def _get_logs(self, doc: dict[str, Any]) -> Reply:
+        limit = _int(doc, "max_bytes", _LOG_TAIL_BYTES)
+        if limit < 0:
+            raise _OpError(f"max_bytes must be >= 0, got {limit}")
+        logs = []
+        for path in sorted((self.clipper.state_dir / "logs").glob("*.log")):
+            try:
+                with path.open("rb") as f:
+                    size = f.seek(0, 2)
+                    f.seek(max(size - limit, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            logs.append({"file": path.name, "text": data.decode("utf-8", "replace")})
+        return _json(logs)
+
+
+def _schema_error(route: str, msg: str) -> bytes:
+    return f"Error parsing JSON: {msg}. Expected JSON schema: {SCHEMAS[route]}".encode()
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)

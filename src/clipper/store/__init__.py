@@ -1,0 +1,31 @@
+"""The persistent config store: JSON records of apps, models, current versions and links.
+
+``open_store(url)`` picks the backend: ``memory://`` (tests), ``sqlite:///path`` (default, one
+frontend per state directory) or ``redis://host:port/db`` (frontends that share and watch state).
+"""
+
+from clipper.store.base import (
+    KINDS,
+    Kind,
+    Snapshot,
+    Store,
+    StoreError,
+    StoreEvent,
+    Watcher,
+    open_store,
+)
+from clipper.store.memory import MemoryStore
+from clipper.store.sqlite import SqliteStore
+
+__all__ = [
+    "KINDS",
+    "Kind",
+    "MemoryStore",
+    "Snapshot",
+    "SqliteStore",
+    "Store",
+    "StoreError",
+    "StoreEvent",
+    "Watcher",
+    "open_store",
+]

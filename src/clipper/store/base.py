@@ -1,0 +1,204 @@
+"""The config store interface: JSON records in four kinds, persisted and watched.
+
+The store is what survives a frontend restart: applications, model versions, each model's
+current version and each application's links, as the registry holds them. Values are plain JSON
+(dicts, lists, strings, numbers, booleans, null); the registry's own types are mapped to and from
+JSON by the caller, so a backend never sees a Python object it cannot write.
+
+Every method is async because the frontend is one event loop that nothing may block: the SQLite
+backend runs its calls on its own worker thread, the Redis backend is natively async.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol, get_args
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+
+from clipper.errors import ClipperError, ConfigError
+
+__all__ = [
+    "KINDS",
+    "Kind",
+    "Snapshot",
+    "Store",
+    "StoreError",
+    "StoreEvent",
+    "Watcher",
+    "decode_value",
+    "empty_snapshot",
+    "encode_value",
+    "open_store",
+    "redact_url",
+]
+
+Kind = Literal["app", "model", "current", "links"]
+KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
+
+# kind -> key -> value; all four kinds are always present, possibly empty.
+Snapshot = dict[str, dict[str, Any]]
+
+ACCEPTED_URLS: Final = (
+    "'memory://', 'sqlite:///path/to/clipper.db', 'sqlite:///path/to/state-dir' "
+    "(-> state-dir/clipper.db) or 'redis://host:port/db' (optionally '?prefix=name')"
+)
+SQLITE_FILENAME: Final = "clipper.db"
+# A path with one of these suffixes names the database file itself; anything else is a directory.
+_SQLITE_SUFFIXES: Final = (".db", ".sqlite", ".sqlite3")
+
+
+class StoreError(ClipperError):
+    """The store's backend failed (cannot open the file, server unreachable, bad record)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEvent:
+    """A change written by another store instance; ``value`` is None when the key was deleted."""
+
+    kind: Kind
+    key: str
+    value: Any | None
+
+
+Watcher = Callable[[StoreEvent], None]
+
+
+class Store(Protocol):
+    """What every backend provides. Use: ``await open()``, ``load()`` once, then ``put``/``delete``
+    for each change, and ``watch()`` for the changes others make; ``await close()`` at the end.
+
+    ``watch(callback)`` calls ``callback(event)`` on the event loop for changes written by *other*
+    store instances (never for this instance's own writes). Only the Redis backend has others to
+    hear from; the memory and SQLite backends never call it (one frontend per state directory).
+    """
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def load(self) -> Snapshot: ...
+
+    async def put(self, kind: Kind, key: str, value: Any) -> None: ...
+
+    async def delete(self, kind: Kind, key: str) -> None: ...
+
+    def watch(self, callback: Watcher) -> None: ...
+
+
+def empty_snapshot() -> Snapshot:
+    return {kind: {} for kind in KINDS}
+
+
+def check_kind(kind: str) -> Kind:
+    if kind not in KINDS:
+        raise StoreError(f"unknown store kind {kind!r}: use one of {', '.join(KINDS)}")
+    return kind
+
+
+def encode_value(kind: str, key: str, value: Any) -> bytes:
+    """The JSON text of ``value``, made at call time so later mutation by the caller is not seen."""
+    check_kind(kind)
+    if not isinstance(key, str) or not key:
+        raise StoreError(f"store keys are non-empty strings, got {key!r} for kind {kind!r}")
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        raise StoreError(f"cannot store {kind} {key!r}: value is not JSON ({exc})") from None
+
+
+def decode_value(kind: str, key: str, text: str | bytes) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise StoreError(f"stored {kind} {key!r} is not valid JSON ({exc})") from None
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced, fit for error messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # IPv6
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _bad_url(problem: str) -> ConfigError:
+    return ConfigError(f"{problem}; accepted forms: {ACCEPTED_URLS}")
+
+
+def sqlite_path(rest: str) -> str:
+    """The database file for the part of a ``sqlite://`` URL after the scheme.
+
+    ``sqlite:///abs/file.db`` is ``/abs/file.db``. A path that is an existing directory, ends in
+    '/', or has none of the suffixes .db/.sqlite/.sqlite3 (and is not an existing file) is a state
+    directory and the file is ``<dir>/clipper.db``.
+    """
+    if not rest:
+        raise _bad_url("sqlite store URL has no path")
+    path = os.path.expanduser(rest)
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):
+        return os.path.join(path, SQLITE_FILENAME)
+    if os.path.isfile(path) or path.lower().endswith(_SQLITE_SUFFIXES):
+        return path
+    return os.path.join(path, SQLITE_FILENAME)
+
+
+def split_redis_url(url: str) -> tuple[str, str]:
+    """(URL for redis-py, key prefix): our ``prefix`` query option is not redis-py's to see."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise _bad_url(f"redis store URL {redact_url(url)!r} has no host")
+    try:
+        _ = parts.port  # raises ValueError for a non-numeric or out-of-range port
+    except ValueError:
+        raise _bad_url(f"redis store URL {redact_url(url)!r} has a bad port") from None
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise _bad_url(
+            f"redis store URL {redact_url(url)!r}: the path must be a database number, got {db!r}"
+        )
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefixes = [value for name, value in query if name == "prefix"]
+    prefix = prefixes[-1] if prefixes else "clipper"
+    if not prefix:
+        raise _bad_url(f"redis store URL {redact_url(url)!r}: prefix must not be empty")
+    rest = urlencode([(name, value) for name, value in query if name != "prefix"])
+    return urlunsplit(parts._replace(query=rest)), prefix
+
+
+def open_store(url: str) -> Store:
+    """The store named by ``url`` (not yet opened: ``await store.open()``).
+
+    Accepted: ``memory://``; ``sqlite:///path/to/clipper.db`` or ``sqlite:///state-dir``;
+    ``redis://host:port/db`` or ``rediss://...`` (TLS), with ``?prefix=name`` to share one redis
+    between deployments (default prefix ``clipper``). Anything else is a :class:`ConfigError`.
+    """
+    if not isinstance(url, str):
+        raise _bad_url(f"store URL must be a string, got {type(url).__name__}")
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    # Backends are imported here because they import this module.
+    if scheme == "memory":
+        if url.partition("://")[2]:
+            raise _bad_url(f"memory store URL takes nothing after 'memory://', got {url!r}")
+        from clipper.store.memory import MemoryStore
+
+        return MemoryStore()
+    if scheme == "sqlite":
+        from clipper.store.sqlite import SqliteStore
+
+        return SqliteStore(sqlite_path(url.partition("://")[2]))
+    if scheme in ("redis", "rediss"):
+        from clipper.store.redis import RedisStore
+
+        redis_url, prefix = split_redis_url(url)
+        return RedisStore(redis_url, prefix=prefix)
+    raise _bad_url(f"unknown store URL {redact_url(url)!r}")

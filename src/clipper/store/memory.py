@@ -1,0 +1,63 @@
+"""A store in process memory, for tests and throwaway runs: nothing survives the process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clipper.store.base import (
+    KINDS,
+    Kind,
+    Snapshot,
+    StoreError,
+    Watcher,
+    check_kind,
+    decode_value,
+    encode_value,
+)
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """Records held as JSON text, so every put and every load is a deep copy: callers can neither
+    change stored state through a value they passed in nor through one they got back.
+
+    Each instance is its own world: two MemoryStores never see each other's writes, so callbacks
+    given to :meth:`watch` are kept but never called.
+    """
+
+    def __init__(self) -> None:
+        self._data: dict[Kind, dict[str, bytes]] = {kind: {} for kind in KINDS}
+        self._watchers: list[Watcher] = []
+        self._open = False
+
+    def __repr__(self) -> str:
+        return "MemoryStore()"
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise StoreError("memory store is not open: call 'await store.open()' first")
+
+    async def open(self) -> None:
+        self._open = True
+
+    async def close(self) -> None:
+        self._open = False
+
+    async def load(self) -> Snapshot:
+        self._check_open()
+        return {
+            kind: {key: decode_value(kind, key, text) for key, text in records.items()}
+            for kind, records in self._data.items()
+        }
+
+    async def put(self, kind: Kind, key: str, value: Any) -> None:
+        self._check_open()
+        self._data[check_kind(kind)][key] = encode_value(kind, key, value)
+
+    async def delete(self, kind: Kind, key: str) -> None:
+        self._check_open()
+        self._data[check_kind(kind)].pop(key, None)
+
+    def watch(self, callback: Watcher) -> None:
+        self._watchers.append(callback)

@@ -1,0 +1,209 @@
+"""The default store: one SQLite file in the state directory.
+
+Durability: the database runs in WAL mode with ``synchronous=NORMAL``. Every put/delete is its own
+committed transaction, so it survives the frontend process crashing or being killed at any point;
+on an operating-system crash or power loss the last few commits may be rolled back (never torn).
+
+Threading: sqlite3 calls block, and the frontend's event loop must not, so every call runs on ONE
+worker thread owned by the store (a single-thread executor). The connection is made and used only
+on that thread, and the single FIFO worker applies writes in the order they were issued.
+
+One frontend per state directory: SQLite has no change notification between processes, so
+callbacks given to :meth:`SqliteStore.watch` are kept but never called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final, TypeVar
+
+from clipper.store.base import (
+    KINDS,
+    Kind,
+    Snapshot,
+    StoreError,
+    Watcher,
+    check_kind,
+    decode_value,
+    empty_snapshot,
+    encode_value,
+)
+
+__all__ = ["SCHEMA_VERSION", "SqliteStore"]
+
+# Bump when the table layout or the JSON of a kind changes, and add a step to _migrate.
+SCHEMA_VERSION: Final = 1
+_META: Final = "meta"
+_SCHEMA_KEY: Final = "schema_version"
+# Another process holding the write lock briefly (e.g. an admin tool) is waited for, not an error.
+_BUSY_TIMEOUT_MS: Final = 5000
+
+T = TypeVar("T")
+
+
+class SqliteStore:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
+        self._watchers: list[Watcher] = []
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r})"
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise StoreError(f"sqlite store {self.path} is not open: call 'await store.open()'")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite store {self.path}: {exc}") from exc
+
+    async def open(self) -> None:
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clipper-sqlite")
+        try:
+            await self._call(self._open_sync)
+        except BaseException:
+            await self._shutdown()
+            raise
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        executor = self._executor
+        if executor is None:
+            return
+        # Refuse new calls at once; the close job queues behind the writes already in flight,
+        # so those land before the connection closes.
+        self._executor = None
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(executor, self._close_sync)
+        finally:
+            # The worker is idle now; joining it on another thread keeps the loop unblocked.
+            await asyncio.to_thread(executor.shutdown, wait=True)
+
+    async def load(self) -> Snapshot:
+        rows = await self._call(self._load_sync)
+        snapshot = empty_snapshot()
+        for kind, key, text in rows:
+            if kind in snapshot:
+                snapshot[kind][key] = decode_value(kind, key, text)
+        return snapshot
+
+    async def put(self, kind: Kind, key: str, value: Any) -> None:
+        # Encoded here, not on the worker, so a caller mutating `value` after this call is not seen.
+        text = encode_value(kind, key, value).decode()
+        await self._call(self._put_sync, kind, key, text)
+
+    async def delete(self, kind: Kind, key: str) -> None:
+        check_kind(kind)
+        await self._call(self._delete_sync, kind, key)
+
+    def watch(self, callback: Watcher) -> None:
+        self._watchers.append(callback)
+
+    # --- on the worker thread only ---------------------------------------------------------
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"sqlite store {self.path} is closed")
+        return self._conn
+
+    def _open_sync(self) -> None:
+        try:
+            parent = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(parent, exist_ok=True)
+            # isolation_level=None: autocommit, each statement or explicit BEGIN is a transaction.
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=_BUSY_TIMEOUT_MS / 1000)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open sqlite store {self.path}: {exc}") from exc
+        try:
+            self._setup(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot open sqlite store {self.path}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(
+                f"sqlite store {self.path}: cannot enable WAL mode (got {mode!r}); "
+                "put the state directory on a local filesystem"
+            )
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS clipper_store ("
+            " kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
+            " PRIMARY KEY (kind, key))"
+        )
+        # IMMEDIATE: two processes opening a fresh file at once must not both write the version.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._migrate(conn, self._schema_version(conn))
+            conn.execute(
+                "INSERT INTO clipper_store (kind, key, value) VALUES (?, ?, ?)"
+                " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
+                (_META, _SCHEMA_KEY, str(SCHEMA_VERSION)),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def _schema_version(self, conn: sqlite3.Connection) -> int:
+        row = conn.execute(
+            "SELECT value FROM clipper_store WHERE kind = ? AND key = ?", (_META, _SCHEMA_KEY)
+        ).fetchone()
+        if row is None:
+            return SCHEMA_VERSION  # a new file
+        found = decode_value(_META, _SCHEMA_KEY, row[0])
+        if not isinstance(found, int) or isinstance(found, bool):
+            raise StoreError(f"sqlite store {self.path}: bad schema version {row[0]!r}")
+        if found > SCHEMA_VERSION:
+            raise StoreError(
+                f"sqlite store {self.path} has schema version {found}, written by a newer "
+                f"clipper-serve; this version reads up to {SCHEMA_VERSION}"
+            )
+        return found
+
+    def _migrate(self, conn: sqlite3.Connection, found: int) -> None:
+        """Upgrade records from schema ``found`` to SCHEMA_VERSION (none yet: v1 is the first)."""
+
+    def _close_sync(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _load_sync(self) -> list[tuple[str, str, str]]:
+        placeholders = ", ".join("?" * len(KINDS))
+        cur = self._db().execute(
+            f"SELECT kind, key, value FROM clipper_store WHERE kind IN ({placeholders})", KINDS
+        )
+        return [(str(k), str(key), str(v)) for k, key, v in cur.fetchall()]
+
+    def _put_sync(self, kind: str, key: str, text: str) -> None:
+        self._db().execute(
+            "INSERT INTO clipper_store (kind, key, value) VALUES (?, ?, ?)"
+            " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
+            (kind, key, text),
+        )
+
+    def _delete_sync(self, kind: str, key: str) -> None:
+        self._db().execute("DELETE FROM clipper_store WHERE kind = ? AND key = ?", (kind, key))

@@ -1,0 +1,307 @@
+"""The Redis store against a real redis-server that this module starts on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from clipper.store import StoreError, StoreEvent, open_store
+
+REDIS_SERVER = shutil.which("redis-server")
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        REDIS_SERVER is None,
+        reason="redis-server is not installed (apt-get install -y redis-server)",
+    ),
+]
+
+pytest.importorskip("redis", reason="the redis client is not installed: pip install 'redis>=5'")
+
+from clipper.store.redis import RedisStore  # noqa: E402  (needs the redis package)
+
+APP = {"name": "a", "input_type": "doubles", "default_output": "-1.0", "latency_slo_micros": 20000}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def start_redis() -> tuple[subprocess.Popen[bytes], int]:
+    """A redis-server on a free port that answers PING; the caller stops it with stop_redis."""
+    assert REDIS_SERVER is not None
+    port = free_port()
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(
+        [REDIS_SERVER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 10.0
+    while not answers_ping(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_redis(proc)
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            pytest.fail(f"redis-server on port {port} did not answer PING within 10 s: {err}")
+        time.sleep(0.02)
+    return proc, port
+
+
+def stop_redis(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.stderr:
+        proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def redis_port() -> Iterator[int]:
+    proc, port = start_redis()
+    yield port
+    stop_redis(proc)
+
+
+@pytest.fixture
+def own_redis() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A server for one test, which may kill it."""
+    proc, port = start_redis()
+    yield proc, port
+    stop_redis(proc)
+
+
+@pytest.fixture
+def make_store(redis_port: int) -> Iterator[Callable[..., RedisStore]]:
+    """Unopened stores on the test server; each test gets its own prefix."""
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+
+    def make(*, db: int = 0, prefix: str = prefix) -> RedisStore:
+        store = open_store(f"redis://127.0.0.1:{redis_port}/{db}?prefix={prefix}")
+        assert isinstance(store, RedisStore)
+        return store
+
+    yield make
+
+
+@pytest.fixture
+async def stores(make_store: Callable[..., RedisStore]) -> AsyncIterator[Callable[..., Any]]:
+    opened: list[RedisStore] = []
+
+    async def new(**kwargs: Any) -> RedisStore:
+        store = make_store(**kwargs)
+        await store.open()
+        opened.append(store)
+        return store
+
+    yield new
+    for store in opened:
+        await store.close()
+
+
+def collector() -> tuple[asyncio.Queue[StoreEvent], Callable[[StoreEvent], None]]:
+    queue: asyncio.Queue[StoreEvent] = asyncio.Queue()
+    return queue, queue.put_nowait
+
+
+async def test_put_load_delete_contract(stores: Callable[..., Any]) -> None:
+    s: RedisStore = await stores()
+    assert await s.load() == {"app": {}, "model": {}, "current": {}, "links": {}}
+    value: dict[str, Any] = {"labels": ["x"]}
+    await s.put("app", "a", APP)
+    await s.put("model", "m:1", value)
+    value["labels"].append("mutated after put")
+    await s.put("current", "m", "1")
+    await s.put("current", "m", "2")
+    await s.put("links", "a", ["m"])
+    await s.put("links", "b", ["m"])
+    await s.delete("links", "b")
+    await s.delete("links", "never-there")
+    snap = await s.load()
+    assert snap == {
+        "app": {"a": APP},
+        "model": {"m:1": {"labels": ["x"]}},
+        "current": {"m": "2"},
+        "links": {"a": ["m"]},
+    }
+    snap["app"]["a"]["name"] = "mutated after load"
+    assert (await s.load())["app"]["a"] == APP
+
+
+async def test_data_outlives_the_store_instance(stores: Callable[..., Any]) -> None:
+    first: RedisStore = await stores()
+    await first.put("current", "m", "4")
+    await first.close()
+    second: RedisStore = await stores()
+    assert (await second.load())["current"] == {"m": "4"}
+
+
+async def test_prefixes_keep_deployments_apart(stores: Callable[..., Any]) -> None:
+    blue: RedisStore = await stores(prefix="blue-" + uuid.uuid4().hex[:6])
+    green: RedisStore = await stores(prefix="green-" + uuid.uuid4().hex[:6])
+    await blue.put("app", "a", APP)
+    assert (await green.load())["app"] == {}
+    assert (await blue.load())["app"] == {"a": APP}
+
+
+async def test_a_put_through_a_reaches_b_and_not_a(stores: Callable[..., Any]) -> None:
+    a: RedisStore = await stores()
+    b: RedisStore = await stores()
+    a_seen: list[StoreEvent] = []
+    a_got_b = asyncio.Event()
+
+    def on_a(event: StoreEvent) -> None:
+        a_seen.append(event)
+        a_got_b.set()
+
+    b_seen: list[StoreEvent] = []
+    b_got = asyncio.Event()
+
+    def on_b(event: StoreEvent) -> None:
+        b_seen.append(event)
+        b_got.set()
+
+    a.watch(on_a)
+    b.watch(on_b)
+
+    await a.put("model", "m:1", {"version": "1"})
+    await asyncio.wait_for(b_got.wait(), 1.0)
+    assert b_seen == [StoreEvent("model", "m:1", {"version": "1"})]
+
+    # A's listener reads the channel in publish order: once it has B's later write, it would
+    # already have had its own earlier one had that not been skipped.
+    await b.put("current", "m", "1")
+    await asyncio.wait_for(a_got_b.wait(), 1.0)
+    assert a_seen == [StoreEvent("current", "m", "1")]
+
+
+async def test_a_delete_is_an_event_with_no_value(stores: Callable[..., Any]) -> None:
+    a: RedisStore = await stores()
+    b: RedisStore = await stores()
+    queue, callback = collector()
+    b.watch(callback)
+    await a.put("links", "app", ["m"])
+    await a.delete("links", "app")
+    first = await asyncio.wait_for(queue.get(), 1.0)
+    second = await asyncio.wait_for(queue.get(), 1.0)
+    assert first == StoreEvent("links", "app", ["m"])
+    assert second == StoreEvent("links", "app", None)
+
+
+async def test_events_of_another_db_or_prefix_are_not_delivered(
+    stores: Callable[..., Any],
+) -> None:
+    a: RedisStore = await stores(db=0)
+    other_db: RedisStore = await stores(db=1)
+    other_db_writer: RedisStore = await stores(db=1)
+    other_prefix: RedisStore = await stores(prefix="other-" + uuid.uuid4().hex[:6])
+    other_prefix_writer: RedisStore = await stores(prefix=other_prefix.prefix)
+    db_queue, db_cb = collector()
+    prefix_queue, prefix_cb = collector()
+    other_db.watch(db_cb)
+    other_prefix.watch(prefix_cb)
+
+    await a.put("app", "a", APP)
+    # Fences: later writes in each watcher's own deployment. Delivery follows publish order, so
+    # A's event, had it been passed on, would come first.
+    await other_db_writer.put("current", "fence", "db")
+    await other_prefix_writer.put("current", "fence", "prefix")
+    assert await asyncio.wait_for(db_queue.get(), 1.0) == StoreEvent("current", "fence", "db")
+    assert await asyncio.wait_for(prefix_queue.get(), 1.0) == StoreEvent(
+        "current", "fence", "prefix"
+    )
+    assert (await other_db.load())["app"] == {}
+
+
+async def test_a_failing_watcher_does_not_stop_the_others(stores: Callable[..., Any]) -> None:
+    a: RedisStore = await stores()
+    b: RedisStore = await stores()
+
+    def broken(event: StoreEvent) -> None:
+        raise RuntimeError("watcher bug")
+
+    queue, callback = collector()
+    b.watch(broken)
+    b.watch(callback)
+    await a.put("current", "m", "1")
+    await a.put("current", "m", "2")
+    assert (await asyncio.wait_for(queue.get(), 1.0)).value == "1"
+    assert (await asyncio.wait_for(queue.get(), 1.0)).value == "2"
+
+
+async def test_close_leaves_no_task_running(make_store: Callable[..., RedisStore]) -> None:
+    before = asyncio.all_tasks()
+    s = make_store()
+    await s.open()
+    s.watch(lambda event: None)
+    await s.put("app", "a", APP)
+    listener = s._listener
+    assert listener is not None
+    assert not listener.done()
+    await s.close()
+    assert listener.done()
+    assert asyncio.all_tasks() == before
+    with pytest.raises(StoreError, match="not open"):
+        await s.load()
+    await s.close()  # twice is harmless
+
+
+async def test_unreachable_redis_is_a_store_error_naming_the_url() -> None:
+    port = free_port()  # nothing listens here
+    url = f"redis://127.0.0.1:{port}/0"
+    before = asyncio.all_tasks()
+    s = open_store(url)
+    with pytest.raises(StoreError) as info:
+        await asyncio.wait_for(s.open(), 10.0)
+    assert url in str(info.value)
+    assert asyncio.all_tasks() == before
+    with pytest.raises(StoreError, match="not open"):
+        await s.put("app", "a", APP)
+
+
+async def test_password_is_not_in_the_error(redis_port: int) -> None:
+    url = f"redis://user:hunter2@127.0.0.1:{free_port()}/0"
+    with pytest.raises(StoreError) as info:
+        await asyncio.wait_for(open_store(url).open(), 10.0)
+    assert "hunter2" not in str(info.value)
+    assert "127.0.0.1" in str(info.value)
+
+
+async def test_server_gone_mid_run_is_a_store_error(
+    own_redis: tuple[subprocess.Popen[bytes], int],
+) -> None:
+    proc, port = own_redis
+    s = open_store(f"redis://127.0.0.1:{port}/0")
+    await s.open()
+    try:
+        await s.put("current", "m", "1")
+        os.kill(proc.pid, signal.SIGKILL)
+        await asyncio.to_thread(proc.wait)
+        with pytest.raises(StoreError, match=f"127.0.0.1:{port}"):
+            await asyncio.wait_for(s.put("current", "m", "2"), 10.0)
+    finally:
+        await s.close()
