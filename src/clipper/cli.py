@@ -6,12 +6,11 @@ import argparse
 import logging
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from clipper.commands import add_commands, run_command
 from clipper.config import FrontendConfig
 from clipper.errors import ClipperError
 
@@ -97,10 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[CLIPPER_LOG_LEVEL]")
 
-    q = sub.add_parser("predict", help="send one query to a running frontend")
-    q.add_argument("app")
-    q.add_argument("input", help='the input as JSON, e.g. "[1.0, 2.0]"')
-    q.add_argument("--url", default=_env("URL", "http://127.0.0.1:1337"), help="[CLIPPER_URL]")
+    add_commands(sub, _env)
     return p  # fmt: skip
 
 
@@ -108,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "start":
         return _start(args)
-    return _predict(args)
+    return run_command(args)
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -158,26 +154,6 @@ async def _serve(config: FrontendConfig, demo: bool) -> None:
                 print(line, flush=True)
         print(f"clipper-serve ready: query API at {clipper.query_url}", flush=True)
         await clipper.serve_forever()
-
-
-def _predict(args: argparse.Namespace) -> int:
-    body = b'{"input": ' + args.input.encode() + b"}"
-    req = urllib.request.Request(
-        f"{args.url.rstrip('/')}/{args.app}/predict",
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            print(r.read().decode())
-            return 0
-    except urllib.error.HTTPError as e:
-        print(e.read().decode(), file=sys.stderr)
-        return 1
-    except urllib.error.URLError as e:
-        print(f"clipper: cannot reach {args.url}: {e.reason}", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":

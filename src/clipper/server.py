@@ -13,20 +13,18 @@ import contextlib
 import gc
 import itertools
 import logging
+import shutil
 import signal
-import sys
-import sysconfig
 import tempfile
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import cloudpickle
-
 from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import PredictionCache
 from clipper.clock import Clock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
+from clipper.deployers import package
 from clipper.errors import ClipperError, NotFoundError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
 from clipper.frontend.http import JSON, HttpServer, Respond, json_response
@@ -410,12 +408,12 @@ class Clipper:
         self.registry.delete_model_version(name, version)
 
     def _save_model(self, name: str, version: str, model: Any) -> Path:
-        path = self.state_dir / "models" / name / version / "model.pkl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _by_value(model):
-            data = cloudpickle.dumps(model)
-        path.write_bytes(data)
-        return path
+        """The model as an artifact directory in the state directory (the framework is
+        detected: scikit-learn, PyTorch, ONNX, XGBoost, LightGBM, or any Python object)."""
+        dest = self.state_dir / "models" / name / version
+        if dest.exists():
+            shutil.rmtree(dest)  # a deploy that failed earlier left it; this version is new
+        return package(model, dest)
 
     # -- runtime following the registry -------------------------------------------------------
     def _on_change(self, change: Change) -> None:
@@ -571,8 +569,7 @@ class Clipper:
                 return
         if method == b"GET":
             if path == "/metrics":
-                accept = headers.get(b"accept", b"")
-                if b"application/json" in accept:
+                if _metrics_as_json(headers):
                     json_response(respond, 200, self.metrics.to_json())
                 else:
                     respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
@@ -613,31 +610,19 @@ def _input_type(t: str | InputType) -> InputType:
         raise RegistryError(str(e)) from None
 
 
-@contextlib.contextmanager
-def _by_value(model: Any) -> Any:
-    """Pickle the model's own module by value when the container could not import it
-    (a script, a notebook, a test file): installed packages stay by reference."""
-    plain = isinstance(model, type) or (callable(model) and not hasattr(model, "predict"))
-    obj = model if plain else type(model)
-    modname = getattr(obj, "__module__", None)
-    module = sys.modules.get(modname or "")
-    registered = False
-    if module is not None and modname not in ("__main__", "builtins") and _is_local(module):
-        cloudpickle.register_pickle_by_value(module)
-        registered = True
-    try:
-        yield
-    finally:
-        if registered and module is not None:
-            cloudpickle.unregister_pickle_by_value(module)
-
-
-def _is_local(module: Any) -> bool:
-    path = getattr(module, "__file__", None)
-    if not path:
+def _metrics_as_json(headers: dict[bytes, bytes]) -> bool:
+    """``?format=json|prometheus`` decides; else Accept: Prometheus scrapers ask for
+    text/plain or OpenMetrics and get text, as does a client that sends no Accept; JSON
+    clients, and clients that take anything (the original clipper_admin's
+    ``inspect_instance()`` sends ``*/*`` and reads JSON), get JSON."""
+    query = headers.get(b":query", b"")
+    if b"format=json" in query:
+        return True
+    if b"format=prometheus" in query or b"format=text" in query:
         return False
-    resolved = str(Path(path).resolve())
-    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
-    if any(resolved.startswith(str(Path(r).resolve())) for r in roots):
+    accept = headers.get(b"accept")
+    if accept is None:
         return False
-    return not resolved.startswith(str(Path(__file__).resolve().parent))
+    if b"application/json" in accept:
+        return True
+    return not (b"text/plain" in accept or b"openmetrics" in accept)

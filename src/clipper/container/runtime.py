@@ -76,9 +76,15 @@ _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
 
 def load_model(path: str | os.PathLike[str]) -> object:
-    """Unpickle a model file, or ``<dir>/func.pkl`` for a closure-container directory."""
+    """Load an artifact directory written by :func:`clipper.deployers.package` (it holds
+    ``clipper-model.json``); else unpickle a model file, or ``<dir>/func.pkl`` for a
+    closure-container directory."""
     p = Path(path)
     if p.is_dir():
+        from clipper import deployers  # imported here: plain pickles need none of it
+
+        if (p / deployers.MANIFEST).is_file():
+            return deployers.load(p)
         modules = p / "modules"
         if modules.is_dir():
             sys.path.insert(0, str(modules))  # the closure's own helper modules

@@ -13,8 +13,11 @@ asyncio tasks owned by :class:`AdminApi`, which :meth:`AdminApi.stop` cancels.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import math
+import shutil
+import tarfile
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -90,7 +93,8 @@ SCHEMAS: dict[str, str] = {
     ),
     "upload_model": (
         "POST /admin/upload_model?name=<model>&version=<version>&input_type=<type>"
-        "[&num_replicas=<int>] with the cloudpickle file as the body"
+        "[&num_replicas=<int>][&batching=<JSON object>] with the body a cloudpickle file or "
+        "a gzipped tar of an artifact directory (clipper.deployers.package)"
     ),
     "set_num_replicas": (
         '{"model_name" := string, "model_version" := string (optional: the current one), '
@@ -575,6 +579,11 @@ class AdminApi:
     async def _set_model_version(self, doc: dict[str, Any]) -> Reply:
         name = _str(doc, "model_name")
         version = _str(doc, "model_version")
+        versions = self.clipper.registry.models.get(name)
+        if not versions:
+            raise _OpError(f"Cannot set version for nonexistent model '{name}'")
+        if version not in versions:
+            raise _OpError(f"Cannot set non-existent version '{version}' for model '{name}'")
         # The facade starts the target's replicas first (when it has an artifact), switches
         # traffic once they are connected, then drains and stops the previous version.
         await self.clipper.set_model_version(name, version)
@@ -649,7 +658,19 @@ class AdminApi:
         if n < 0:
             raise _OpError(f"num_replicas must be >= 0, got {n}")
         if not body:
-            raise _OpError("the request body must be the model's cloudpickle file")
+            raise _OpError(
+                "the request body must be the model: a cloudpickle file or a gzipped tar of "
+                "an artifact directory"
+            )
+        batching = None
+        if "batching" in params:
+            try:
+                spec = orjson.loads(params["batching"])
+            except orjson.JSONDecodeError as e:
+                raise _OpError(f"batching must be a JSON object: {e}") from None
+            if not isinstance(spec, dict):
+                raise _OpError("batching must be a JSON object")
+            batching = _batching({"batching": spec})
         try:
             check_name("model", name)
             check_name("version", version)
@@ -658,10 +679,21 @@ class AdminApi:
         if version in self.clipper.registry.models.get(name, {}):
             # Refuse before writing: the running version's file must stay as it is.
             raise _OpError(f"model with name '{name}' and version '{version}' already exists")
-        path = self.clipper.state_dir / "uploads" / name / version / "model.pkl"
-        await asyncio.to_thread(_write, path, body)
+        base = self.clipper.state_dir / "uploads" / name / version
+        if body[:2] == b"\x1f\x8b":  # gzip: an artifact directory
+            try:
+                await asyncio.to_thread(_extract, base / "artifact", body)
+            except (tarfile.TarError, OSError) as e:
+                raise _OpError(f"the uploaded archive cannot be unpacked: {e}") from None
+            path = base / "artifact"
+            inner = path / "model.pkl"
+            if not (path / "clipper-model.json").exists() and inner.exists():
+                path = inner  # a single pickled model, archived
+        else:
+            path = base / "model.pkl"
+            await asyncio.to_thread(_write, path, body)
         return await self._deploy(
-            name, version, itype=itype, artifact=str(path), n=n, batching=None, labels=[]
+            name, version, itype=itype, artifact=str(path), n=n, batching=batching, labels=[]
         )
 
     def _stage_model(self, doc: dict[str, Any]) -> Reply:
@@ -823,3 +855,13 @@ def _write(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(".part")
     tmp.write_bytes(data)
     tmp.replace(path)
+
+
+def _extract(dest: Path, archive: bytes) -> None:
+    """Unpack an uploaded artifact; the "data" filter refuses absolute paths, links out of
+    the directory and device files, so an upload cannot write outside ``dest``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        tar.extractall(dest, filter="data")

@@ -168,6 +168,10 @@ class _Connection(asyncio.Protocol):
         body = body_parts[0] if len(body_parts) == 1 else b"".join(body_parts)
         q = url.find(b"?")
         path = (url if q < 0 else url[:q]).decode("utf-8", "replace")
+        if q >= 0:
+            # Routes that take parameters read them here; no client can send a header
+            # whose name starts with ":".
+            headers[b":query"] = url[q + 1 :]
 
         def respond(status: int, data: bytes, content_type: bytes = JSON) -> None:
             self._answer(slot, status, data, content_type)

@@ -1,0 +1,246 @@
+"""A Python client for a running clipper-serve: the admin API and the query API.
+
+::
+
+    from clipper import Client
+    c = Client()                                   # http://127.0.0.1:1338 and :1337
+    c.register_application("digits", "doubles", default_output="-1", latency_slo_micros=20_000)
+    c.deploy_model("logreg", "1", estimator, input_type="doubles")   # any supported framework
+    c.link_model_to_app("digits", "logreg")
+    c.predict("digits", [0.0] * 64)
+    c.set_model_version("logreg", "1")             # rollback = set an older version
+
+Errors are :mod:`clipper.errors` exceptions carrying the server's message: a refused admin
+operation is a :class:`RegistryError`, a refused query a :class:`RequestError` (with
+``.status``), an unreachable server a :class:`ClipperError`.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from clipper.config import BatchingConfig
+from clipper.errors import ClipperError, RegistryError, RequestError
+
+__all__ = ["Client"]
+
+
+class Client:
+    def __init__(
+        self,
+        admin_url: str = "http://127.0.0.1:1338",
+        query_url: str = "http://127.0.0.1:1337",
+        *,
+        token: str | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self.admin_url = admin_url.rstrip("/")
+        self.query_url = query_url.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+
+    # -- transport ---------------------------------------------------------------------------
+    def _call(
+        self,
+        url: str,
+        body: bytes | None,
+        *,
+        headers: dict[str, str] | None = None,
+        method: str = "POST",
+    ) -> tuple[int, bytes]:
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        if self.token is not None:
+            hdrs["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(url, data=body, method=method, headers=hdrs)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except urllib.error.URLError as e:
+            raise ClipperError(f"cannot reach clipper-serve at {url}: {e.reason}") from None
+        except TimeoutError:
+            raise ClipperError(f"no answer from {url} within {self.timeout_s} s") from None
+
+    def admin(self, route: str, doc: dict[str, Any] | None = None) -> Any:
+        """POST ``/admin/<route>``; the decoded JSON answer, or the text of a plain one."""
+        status, data = self._call(f"{self.admin_url}/admin/{route}", orjson.dumps(doc or {}))
+        return self._admin_answer(status, data)
+
+    @staticmethod
+    def _admin_answer(status: int, data: bytes) -> Any:
+        text = data.decode("utf-8", "replace")
+        if status == 401:
+            raise ClipperError(f"the admin API refused the token: {text}")
+        if status >= 400:
+            try:
+                doc = orjson.loads(data)
+                text = doc.get("cause") or doc.get("error") or text
+            except (orjson.JSONDecodeError, AttributeError):
+                pass
+            raise RegistryError(text)
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return text
+
+    # -- applications ------------------------------------------------------------------------
+    def register_application(
+        self,
+        name: str,
+        input_type: str,
+        default_output: str,
+        latency_slo_micros: int,
+        *,
+        cache: bool = True,
+        overload: str = "default",
+    ) -> None:
+        self.admin(
+            "add_app",
+            {
+                "name": name,
+                "input_type": input_type,
+                "default_output": default_output,
+                "latency_slo_micros": latency_slo_micros,
+                "cache": cache,
+                "overload": overload,
+            },
+        )
+
+    def update_application(self, name: str, **changes: Any) -> None:
+        """Change ``latency_slo_micros``, ``default_output``, ``cache`` or ``overload``."""
+        self.admin("update_app", {"name": name, **changes})
+
+    def delete_application(self, name: str) -> None:
+        self.admin("delete_app", {"name": name})
+
+    def get_application(self, name: str) -> dict[str, Any] | None:
+        doc = self.admin("get_application", {"name": name})
+        return doc or None
+
+    def list_applications(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.admin("get_all_applications", {"verbose": True})
+        return result
+
+    # -- models ------------------------------------------------------------------------------
+    def deploy_model(
+        self,
+        name: str,
+        version: str,
+        model: Any = None,
+        *,
+        input_type: str,
+        num_replicas: int = 1,
+        batching: BatchingConfig | None = None,
+        framework: str | None = None,
+        artifact: str | Path | None = None,
+    ) -> dict[str, Any]:
+        """Deploy ``model`` (a function, an object with ``predict``, a scikit-learn estimator,
+        a PyTorch module, an ONNX file, an XGBoost or LightGBM model), or an artifact already
+        on disk; returns once its replicas are ready and traffic has switched to it."""
+        if (model is None) == (artifact is None):
+            raise ClipperError("deploy_model needs exactly one of model= or artifact=")
+        from clipper.deployers import package  # only clients that deploy pay the import
+
+        with tempfile.TemporaryDirectory(prefix="clipper-client-") as tmp:
+            path = (
+                Path(artifact)
+                if artifact is not None
+                else package(model, Path(tmp) / "artifact", framework=framework)
+            )
+            body = _archive(path)
+        query = {
+            "name": name,
+            "version": version,
+            "input_type": input_type,
+            "num_replicas": str(num_replicas),
+        }
+        if batching is not None:
+            query["batching"] = orjson.dumps(batching.to_dict()).decode()
+        url = f"{self.admin_url}/admin/upload_model?{urllib.parse.urlencode(query)}"
+        status, data = self._call(url, body, headers={"Content-Type": "application/gzip"})
+        answer = self._admin_answer(status, data)
+        return answer if isinstance(answer, dict) else {"message": answer}
+
+    def link_model_to_app(self, app_name: str, model_name: str) -> None:
+        self.admin("add_model_links", {"app_name": app_name, "model_names": [model_name]})
+
+    def unlink_model_from_app(self, app_name: str, model_name: str) -> None:
+        self.admin("delete_model_links", {"app_name": app_name, "model_names": [model_name]})
+
+    def set_model_version(self, name: str, version: str) -> None:
+        """Switch traffic to ``version``; an older one is a rollback."""
+        self.admin("set_model_version", {"model_name": name, "model_version": version})
+
+    def set_num_replicas(self, name: str, num_replicas: int, version: str | None = None) -> None:
+        doc: dict[str, Any] = {"model_name": name, "num_replicas": num_replicas}
+        if version is not None:
+            doc["model_version"] = version
+        self.admin("set_num_replicas", doc)
+
+    def list_models(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.admin("get_all_models", {"verbose": True})
+        return result
+
+    def list_replicas(self, name: str | None = None) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.admin(
+            "get_replicas", {"model_name": name} if name else {}
+        )
+        return result
+
+    def delete_model_version(self, name: str, version: str) -> None:
+        self.admin("delete_versioned_model", {"model_name": name, "model_version": version})
+
+    # -- queries -----------------------------------------------------------------------------
+    def predict(self, app: str, input: Any, *, version: str | None = None) -> dict[str, Any]:
+        doc: dict[str, Any] = {"input": input}
+        if version is not None:
+            doc["version"] = version
+        answer: dict[str, Any] = self._query(f"{app}/predict", doc)
+        return answer
+
+    def predict_batch(self, app: str, inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        answer = self._query(f"{app}/predict", {"input_batch": list(inputs)})
+        # one input comes back as a bare answer, as in the original
+        predictions: list[dict[str, Any]] = answer.get("batch_predictions", [answer])
+        return predictions
+
+    def feedback(self, app: str, input: Any, label: float, *, uid: int | None = None) -> None:
+        doc: dict[str, Any] = {"input": input, "label": label}
+        if uid is not None:
+            doc["uid"] = uid
+        self._query(f"{app}/update", doc, decode=False)
+
+    def _query(self, route: str, doc: dict[str, Any], *, decode: bool = True) -> Any:
+        status, data = self._call(f"{self.query_url}/{route}", orjson.dumps(doc))
+        if status >= 400:
+            try:
+                cause = orjson.loads(data).get("cause", data.decode())
+            except (orjson.JSONDecodeError, AttributeError):
+                cause = data.decode("utf-8", "replace")
+            err = RequestError(cause)
+            err.status = status
+            raise err
+        return orjson.loads(data) if decode else data
+
+
+def _archive(path: Path) -> bytes:
+    """A gzipped tar of the artifact (a directory, or one file as ``model.pkl``)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        if path.is_dir():
+            for item in sorted(path.rglob("*")):
+                tar.add(item, arcname=str(item.relative_to(path)), recursive=False)
+        else:
+            tar.add(path, arcname="model.pkl")
+    return buf.getvalue()

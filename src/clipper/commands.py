@@ -1,0 +1,351 @@
+"""The ``clipper`` subcommands that talk to a running frontend through :class:`Client`.
+
+Human-readable tables by default, ``--json`` for scripts. Exit codes scripts can trust:
+0 done, 1 refused by the server (the message says why), 2 bad usage, 3 server unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from clipper.client import Client
+from clipper.config import BatchingConfig
+from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
+
+__all__ = ["add_commands", "run_command"]
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+T = TypeVar("T")
+
+
+def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
+    """Add the client subcommands to the ``clipper`` parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--admin-url", default=env("ADMIN_URL", "http://127.0.0.1:1338"), help="[CLIPPER_ADMIN_URL]"
+    )
+    common.add_argument(
+        "--url", default=env("URL", "http://127.0.0.1:1337"), help="query API [CLIPPER_URL]"
+    )
+    common.add_argument(
+        "--token", default=env("ADMIN_TOKEN", None), help="admin bearer token [CLIPPER_ADMIN_TOKEN]"
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=env("JSON", "") in ("1", "true"),
+        help="machine-readable output [CLIPPER_JSON]",
+    )
+
+    app = sub.add_parser("app", help="applications").add_subparsers(dest="action", required=True)
+    a = app.add_parser("register", parents=[common], help="register an application")
+    a.add_argument("name")
+    a.add_argument(
+        "--input-type", required=True, help="doubles, floats, integers, strings, bytes or json"
+    )
+    a.add_argument(
+        "--default-output",
+        default="null",
+        help="JSON text answered when no prediction arrives in time",
+    )
+    a.add_argument("--slo-micros", type=int, default=100_000, help="latency objective")
+    a.add_argument("--no-cache", action="store_true")
+    a.add_argument("--overload", choices=("default", "reject"), default="default")
+    a = app.add_parser(
+        "update",
+        parents=[common],
+        help="change an application's SLO, default output, cache or overload answer",
+    )
+    a.add_argument("name")
+    a.add_argument("--slo-micros", type=int)
+    a.add_argument("--default-output")
+    a.add_argument("--cache", choices=("on", "off"))
+    a.add_argument("--overload", choices=("default", "reject"))
+    a = app.add_parser(
+        "delete", parents=[common], help="delete an application (its routes and links too)"
+    )
+    a.add_argument("name")
+    app.add_parser("list", parents=[common], help="list applications")
+
+    model = sub.add_parser("model", help="models and versions").add_subparsers(
+        dest="action", required=True
+    )
+    m = model.add_parser(
+        "deploy", parents=[common], help="deploy a model version from a file or directory"
+    )
+    m.add_argument(
+        "path",
+        help="a cloudpickle/joblib file (function, estimator, object with predict), "
+        "an .onnx file, or an artifact directory",
+    )
+    m.add_argument("--name", required=True)
+    m.add_argument("--version", required=True)
+    m.add_argument("--input-type", required=True)
+    m.add_argument("--replicas", type=int, default=1)
+    m.add_argument(
+        "--framework", help="force the framework (sklearn, torch, onnx, xgboost, lightgbm, python)"
+    )
+    m.add_argument("--controller", choices=("aimd", "quantile", "fixed"), default="aimd")
+    m.add_argument("--max-batch-size", type=int)
+    m.add_argument("--max-wait-micros", type=int, default=1000)
+    m = model.add_parser("scale", parents=[common], help="set the number of replicas")
+    m.add_argument("name")
+    m.add_argument("replicas", type=int)
+    m.add_argument("--version")
+    m = model.add_parser(
+        "set-version",
+        parents=[common],
+        help="switch traffic to a version (rollback = an older one)",
+    )
+    m.add_argument("name")
+    m.add_argument("version")
+    m = model.add_parser("delete", parents=[common], help="stop and delete a model version")
+    m.add_argument("name")
+    m.add_argument("version")
+    model.add_parser("list", parents=[common], help="list model versions")
+
+    link = sub.add_parser("link", parents=[common], help="link a model to an application")
+    link.add_argument("app")
+    link.add_argument("model")
+    unlink = sub.add_parser("unlink", parents=[common], help="unlink a model from an application")
+    unlink.add_argument("app")
+    unlink.add_argument("model")
+    sub.add_parser("status", parents=[common], help="applications, models and replicas at a glance")
+    q = sub.add_parser("predict", parents=[common], help="send one query")
+    q.add_argument("app")
+    q.add_argument("input", help='the input as JSON, e.g. "[1.0, 2.0]"')
+    q.add_argument("--version")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    client = Client(args.admin_url, args.url, token=args.token)
+    try:
+        return _dispatch(client, args)
+    except (RegistryError, RequestError) as e:
+        _err(str(e))
+        return EXIT_REFUSED
+    except ConfigError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except ClipperError as e:
+        _err(str(e))
+        return EXIT_UNREACHABLE
+
+
+def _dispatch(client: Client, args: argparse.Namespace) -> int:
+    cmd, action = args.command, getattr(args, "action", None)
+    out: Any
+    if cmd == "app" and action == "register":
+        _json_text(args.default_output, "--default-output")
+        client.register_application(
+            args.name, args.input_type, args.default_output, args.slo_micros,
+            cache=not args.no_cache, overload=args.overload,
+        )  # fmt: skip
+        out = f"registered application {args.name}"
+    elif cmd == "app" and action == "update":
+        changes: dict[str, Any] = {}
+        if args.slo_micros is not None:
+            changes["latency_slo_micros"] = args.slo_micros
+        if args.default_output is not None:
+            changes["default_output"] = _json_text(args.default_output, "--default-output")
+        if args.cache is not None:
+            changes["cache"] = args.cache == "on"
+        if args.overload is not None:
+            changes["overload"] = args.overload
+        if not changes:
+            _err("nothing to update: give --slo-micros, --default-output, --cache or --overload")
+            return EXIT_USAGE
+        client.update_application(args.name, **changes)
+        out = f"updated application {args.name}"
+    elif cmd == "app" and action == "delete":
+        client.delete_application(args.name)
+        out = f"deleted application {args.name}"
+    elif cmd == "app" and action == "list":
+        apps = client.list_applications()
+        return _show(
+            args,
+            apps,
+            ["name", "input_type", "latency_slo_micros", "default_output", "linked_models"],
+        )
+    elif cmd == "model" and action == "deploy":
+        out = _deploy(client, args)
+    elif cmd == "model" and action == "scale":
+        _progress(
+            f"scaling {args.name} to {args.replicas}",
+            lambda: client.set_num_replicas(args.name, args.replicas, args.version),
+            args,
+        )
+        out = f"{args.name} runs {args.replicas} replicas"
+    elif cmd == "model" and action == "set-version":
+        _progress(
+            f"switching {args.name} to version {args.version}",
+            lambda: client.set_model_version(args.name, args.version),
+            args,
+        )
+        out = f"{args.name} now serves version {args.version}"
+    elif cmd == "model" and action == "delete":
+        client.delete_model_version(args.name, args.version)
+        out = f"deleted {args.name}:{args.version}"
+    elif cmd == "model" and action == "list":
+        return _show(
+            args,
+            client.list_models(),
+            ["model_name", "model_version", "input_type", "is_current_version", "container_name"],
+        )
+    elif cmd == "link":
+        client.link_model_to_app(args.app, args.model)
+        out = f"linked {args.model} to {args.app}"
+    elif cmd == "unlink":
+        client.unlink_model_from_app(args.app, args.model)
+        out = f"unlinked {args.model} from {args.app}"
+    elif cmd == "status":
+        status = {
+            "applications": client.list_applications(),
+            "models": client.list_models(),
+            "replicas": client.list_replicas(),
+        }
+        if args.json:
+            print(orjson.dumps(status).decode())
+            return EXIT_OK
+        for title, rows, cols in (
+            (
+                "applications",
+                status["applications"],
+                ["name", "input_type", "latency_slo_micros", "linked_models"],
+            ),
+            (
+                "models",
+                status["models"],
+                ["model_name", "model_version", "input_type", "is_current_version"],
+            ),
+            (
+                "replicas",
+                status["replicas"],
+                [
+                    "model_name",
+                    "model_version",
+                    "replica_id",
+                    "framing",
+                    "in_flight_batches",
+                    "seconds_since_heard",
+                    "pid",
+                    "restarts",
+                ],
+            ),
+        ):
+            print(f"{title}:")
+            print(_table(rows, cols) if rows else "  (none)")
+        return EXIT_OK
+    elif cmd == "predict":
+        value = _json_text(args.input, "input")
+        out = client.predict(args.app, orjson.loads(value), version=args.version)
+        print(orjson.dumps(out).decode())
+        return EXIT_OK
+    else:  # pragma: no cover - argparse requires a subcommand
+        return EXIT_USAGE
+    print(orjson.dumps({"ok": True, "message": out}).decode() if args.json else out)
+    return EXIT_OK
+
+
+def _deploy(client: Client, args: argparse.Namespace) -> str:
+    path = Path(args.path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or directory")
+    batching = BatchingConfig(
+        controller=args.controller, max_batch_size=args.max_batch_size,
+        max_wait_micros=args.max_wait_micros,
+    )  # fmt: skip
+    if path.is_dir() or (path.suffix == ".onnx" and args.framework in (None, "onnx")):
+        kwargs: dict[str, Any] = (
+            {"artifact": path} if path.is_dir() else {"model": str(path), "framework": "onnx"}
+        )
+    else:
+        kwargs = {"model": _load_object(path), "framework": args.framework}
+    _progress(
+        f"deploying {args.name}:{args.version} ({args.replicas} replicas)",
+        lambda: client.deploy_model(
+            args.name, args.version, input_type=args.input_type,
+            num_replicas=args.replicas, batching=batching, **kwargs,
+        ),
+        args,
+    )  # fmt: skip
+    return f"deployed {args.name}:{args.version}: {args.replicas} replicas ready, serving"
+
+
+def _load_object(path: Path) -> Any:
+    """A pickled model: cloudpickle reads plain pickles too; joblib files when it is there."""
+    import pickle
+
+    import cloudpickle
+
+    try:
+        with path.open("rb") as f:
+            return cloudpickle.load(f)
+    except (pickle.UnpicklingError, EOFError, ValueError, KeyError):
+        try:
+            import joblib
+        except ImportError:
+            raise ConfigError(f"{path} is not a pickle file") from None
+        return joblib.load(path)
+
+
+def _progress(what: str, call: Callable[[], T], args: argparse.Namespace) -> T:
+    """Run a long call, showing elapsed time on stderr (unless --json)."""
+    if args.json or not sys.stderr.isatty():
+        return call()
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(0.5):
+            print(f"\r{what} … {time.monotonic() - t0:4.1f}s", end="", file=sys.stderr, flush=True)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        return call()
+    finally:
+        done.set()
+        ticker.join()
+        print(f"\r{what} … {time.monotonic() - t0:4.1f}s", file=sys.stderr)
+
+
+def _json_text(text: str, what: str) -> str:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise ConfigError(f"{what} must be JSON text ({e}); quote strings: '\"text\"'") from None
+    return text
+
+
+def _show(args: argparse.Namespace, rows: Sequence[dict[str, Any]], cols: list[str]) -> int:
+    if args.json:
+        print(orjson.dumps(list(rows)).decode())
+    else:
+        print(_table(rows, cols) if rows else "(none)")
+    return EXIT_OK
+
+
+def _table(rows: Sequence[dict[str, Any]], cols: list[str]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, list):
+            return ",".join(map(str, v)) or "-"
+        return "-" if v is None else str(v)
+
+    cells = [[cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _err(msg: str) -> None:
+    print(f"clipper: {msg}", file=sys.stderr)

@@ -1,0 +1,75 @@
+"""PyTorch modules: TorchScript when the module scripts, else cloudpickle; served on CPU."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from clipper.deployers import _python
+from clipper.deployers._common import has_base, require, rows, stack, writable
+
+SCRIPT_FILE = "model.pt"
+PICKLE_FILE = "model.pkl"
+_log = logging.getLogger("clipper.deployers")
+
+
+def matches(model: object) -> bool:
+    return has_base(model, "torch.nn.modules.module", "Module") or has_base(
+        model, "torch.jit", "ScriptModule"
+    )
+
+
+def save(model: Any, dest: Path) -> dict[str, Any]:
+    torch = require("torch", "torch", "deploying")
+    fields: dict[str, Any] = {"torch_version": torch.__version__, "input_dtype": "float32"}
+    try:
+        with warnings.catch_warnings():
+            # torch >= 2.10 deprecates TorchScript; it still needs no source code in the
+            # container and no example input here, which torch.export would.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            scripted = model if has_base(model, "torch.jit") else torch.jit.script(model)
+            scripted.save(str(dest / SCRIPT_FILE))
+    except Exception as e:
+        _log.info("torch.jit.script failed (%s: %s); pickling the module", type(e).__name__, e)
+        (dest / SCRIPT_FILE).unlink(missing_ok=True)
+        if any(p.device.type != "cpu" for p in model.parameters()):
+            model = copy.deepcopy(model).cpu()  # the container runs on CPU
+        _python.dump(model, dest / PICKLE_FILE)
+        return {**fields, "file": PICKLE_FILE, "serialization": "cloudpickle"}
+    return {**fields, "file": SCRIPT_FILE, "serialization": "torchscript"}
+
+
+class TorchModel:
+    def __init__(self, module: Any, torch: Any, dtype: Any) -> None:
+        self.module = module
+        self.torch = torch
+        self.dtype = dtype
+
+    def predict(self, inputs: Any) -> list[Any]:
+        x = self.torch.from_numpy(writable(stack(inputs, self.dtype)))
+        with self.torch.no_grad():  # thread-local: set on the predict thread itself
+            out = self.module(x)
+        if not isinstance(out, self.torch.Tensor):
+            raise TypeError(f"the module returned {type(out).__name__}, expected a tensor")
+        return rows(out.detach().cpu().numpy())
+
+
+def load(path: Path, manifest: dict[str, Any]) -> TorchModel:
+    torch = require("torch", "torch", "loading")
+    file = path / manifest.get("file", SCRIPT_FILE)
+    if manifest.get("serialization", "torchscript") == "torchscript":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = torch.jit.load(str(file), map_location="cpu")
+    else:
+        with file.open("rb") as f:
+            module = cloudpickle.load(f)
+        module = module.cpu()
+    module.eval()  # dropout off, batch norm uses its running statistics
+    return TorchModel(module, torch, np.dtype(manifest.get("input_dtype", "float32")))
