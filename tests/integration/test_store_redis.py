@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -16,8 +13,7 @@ from typing import Any
 import pytest
 
 from clipper.store import StoreError, StoreEvent, open_store
-
-REDIS_SERVER = shutil.which("redis-server")
+from tests.integration.redis_server import REDIS_SERVER, free_port, start_redis, stop_redis
 
 pytestmark = [
     pytest.mark.integration,
@@ -32,52 +28,6 @@ pytest.importorskip("redis", reason="the redis client is not installed: pip inst
 from clipper.store.redis import RedisStore  # noqa: E402  (needs the redis package)
 
 APP = {"name": "a", "input_type": "doubles", "default_output": "-1.0", "latency_slo_micros": 20000}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def start_redis() -> tuple[subprocess.Popen[bytes], int]:
-    """A redis-server on a free port that answers PING; the caller stops it with stop_redis."""
-    assert REDIS_SERVER is not None
-    port = free_port()
-    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(
-        [REDIS_SERVER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    deadline = time.monotonic() + 10.0
-    while not answers_ping(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_redis(proc)
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            pytest.fail(f"redis-server on port {port} did not answer PING within 10 s: {err}")
-        time.sleep(0.02)
-    return proc, port
-
-
-def stop_redis(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if proc.stderr:
-        proc.stderr.close()
 
 
 @pytest.fixture(scope="module")
