@@ -100,8 +100,34 @@ def _parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
+def _env_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option also reads CLIPPER_<OPTION> (``--input-type`` is CLIPPER_INPUT_TYPE),
+    unless it names its variable in its help already; a set variable also satisfies a
+    required option."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _env_defaults(child)
+            continue
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or longs[0] == "--help" or "[CLIPPER_" in (action.help or ""):
+            continue
+        var = "CLIPPER_" + longs[0][2:].upper().replace("-", "_")
+        action.help = f"{action.help or ''} [{var}]".strip()
+        value = os.environ.get(var)
+        if value is None:
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            action.default = value.lower() in ("1", "true", "yes", "on")
+        else:
+            action.default = value  # argparse applies the option's type to string defaults
+            action.required = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    _env_defaults(parser)
+    args = parser.parse_args(argv)
     if args.command == "start":
         return _start(args)
     return run_command(args)
