@@ -168,8 +168,8 @@ class StoreSync:
             mv = ModelVersion.from_record(value)
             if not exists:
                 r.add_model(mv)
-            elif r.models[name][version].num_replicas != mv.num_replicas:
-                r.set_num_replicas(name, version, mv.num_replicas)
+            elif r.models[name][version].to_record() != mv.to_record():
+                r.replace_model(mv)
         elif kind == "current":
             if value is None:
                 r.current.pop(key, None)

@@ -238,6 +238,12 @@ class Registry:
         self.current[name] = version
         self._emit(Change("version", "update", name, version))
 
+    def replace_model(self, mv: ModelVersion) -> None:
+        """Change a registered version's settings (artifact, batching, labels, replicas)."""
+        self.get_model(mv.name, mv.version)
+        self.models[mv.name][mv.version] = mv
+        self._emit(Change("model", "update", mv.name, mv.version))
+
     def set_num_replicas(self, name: str, version: str, n: int) -> ModelVersion:
         mv = replace(self.get_model(name, version), num_replicas=n)
         self.models[name][version] = mv

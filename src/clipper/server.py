@@ -430,6 +430,11 @@ class Clipper:
                 queue_capacity=self.config.queue_capacity,
             )
             self.schedulers[mv.key].on_replicas_changed = self._replicas_changed
+        elif change.kind == "model" and change.op == "update":
+            assert change.version is not None
+            sched = self.schedulers.get((change.name, change.version))
+            if sched is not None:
+                sched.mv = self.registry.models[change.name][change.version]
         elif change.kind == "model" and change.op == "delete":
             assert change.version is not None
             sched = self.schedulers.pop((change.name, change.version), None)

@@ -727,7 +727,7 @@ class AdminApi:
             # Registered without an artifact (add_model): attach the one given, so the local
             # manager can run it.
             mv = replace(mv, artifact=_artifact(artifact))
-            c.registry.models[name][mv.version] = mv
+            c.registry.replace_model(mv)
         if mv.artifact is None:
             if n > 0:
                 raise _OpError(
