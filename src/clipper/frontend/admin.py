@@ -13,22 +13,41 @@ asyncio tasks owned by :class:`AdminApi`, which :meth:`AdminApi.stop` cancels.
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import math
-import shutil
 import tarfile
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 import orjson
 
 from clipper.config import BatchingConfig
-from clipper.errors import ClipperError, ConfigError, NotFoundError, RegistryError
-from clipper.frontend.http import JSON, Respond
+from clipper.errors import ClipperError, NotFoundError, RegistryError
+from clipper.frontend.admin_fields import (
+    SCHEMAS,
+    TEXT,
+    FieldError,
+    OperationError,
+    Reply,
+    artifact_field,
+    batching_field,
+    bool_field,
+    check_chars,
+    extract_archive,
+    input_type_field,
+    int_field,
+    json_reply,
+    num_replicas_field,
+    opt_str_field,
+    schema_error,
+    str_field,
+    str_list_field,
+    text_reply,
+    write_file,
+)
+from clipper.frontend.http import Respond
 from clipper.inputs import InputType
 from clipper.registry import Application, ModelVersion, check_name
 
@@ -40,82 +59,10 @@ __all__ = ["AdminApi"]
 
 log = logging.getLogger("clipper.admin")
 
-TEXT = b"text/plain; charset=utf-8"
 _LOG_TAIL_BYTES = 1 << 20
 
-Reply = tuple[int, bytes, bytes]
 Handler = Callable[[dict[str, Any]], Reply]
 AsyncHandler = Callable[[dict[str, Any]], Awaitable[Reply]]
-
-_INPUT_TYPES = '"integers" | "bytes" | "floats" | "doubles" | "strings" | "json"'
-_BATCHING = (
-    '{"controller" := "aimd" | "quantile" | "fixed", "max_batch_size" := int, '
-    '"max_wait_micros" := int, "in_flight" := int, "target_fraction" := number, '
-    '"params" := object}'
-)
-
-# The original's schema texts, as one line each (extensions in docs/admin-api.md).
-SCHEMAS: dict[str, str] = {
-    "add_app": (
-        '{"name" := string, "input_type" := ' + _INPUT_TYPES + ', "default_output" := string, '
-        '"latency_slo_micros" := int, "cache" := bool (optional), '
-        '"overload" := "default" | "reject" (optional)}'
-    ),
-    "delete_app": '{"name" := string}',
-    "add_model": (
-        '{"model_name" := string, "model_version" := string, "labels" := [string], '
-        '"input_type" := ' + _INPUT_TYPES + ', "container_name" := string, '
-        '"model_data_path" := string, "batch_size" := int}'
-    ),
-    "add_model_links": '{"app_name" := string, "model_names" := [string]}',
-    "delete_model_links": '{"app_name" := string, "model_names" := [string]}',
-    "set_model_version": '{"model_name" := string, "model_version" := string}',
-    "delete_versioned_model": '{"model_name" := string, "model_version" := string}',
-    "get_all_applications": '{"verbose" := bool}',
-    "get_application": '{"name" := string}',
-    "get_linked_models": '{"app_name" := string}',
-    "get_all_models": '{"verbose" := bool}',
-    "get_model": '{"model_name" := string, "model_version" := string}',
-    "get_all_containers": '{"verbose" := bool}',
-    "get_container": '{"model_name" := string, "model_version" := string, "replica_id" := int}',
-    "get_state": '{"app_name" := string, "uid" := int}',
-    "deploy_model": (
-        '{"model_name" := string, "model_version" := string, "input_type" := '
-        + _INPUT_TYPES
-        + ', "artifact_path" := string, "num_replicas" := int (default 1), '
-        '"batching" := ' + _BATCHING + ' (optional), "labels" := [string] (optional)}'
-    ),
-    "stage_model": (
-        '{"model_name" := string, "model_version" := string, "input_type" := '
-        + _INPUT_TYPES
-        + ', "artifact_path" := string, "num_replicas" := int (default 1), '
-        '"batching" := ' + _BATCHING + " (optional)}"
-    ),
-    "upload_model": (
-        "POST /admin/upload_model?name=<model>&version=<version>&input_type=<type>"
-        "[&num_replicas=<int>][&batching=<JSON object>] with the body a cloudpickle file or "
-        "a gzipped tar of an artifact directory (clipper.deployers.package)"
-    ),
-    "set_num_replicas": (
-        '{"model_name" := string, "model_version" := string (optional: the current one), '
-        '"num_replicas" := int, "artifact_path" := string (optional)}'
-    ),
-    "update_app": (
-        '{"name" := string, "latency_slo_micros" := int (optional), '
-        '"default_output" := string (optional), "cache" := bool (optional), '
-        '"overload" := "default" | "reject" (optional)}'
-    ),
-    "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
-    "get_logs": '{"max_bytes" := int (optional)}',
-}
-
-
-class _JsonError(Exception):
-    """A request body that does not follow its route's schema."""
-
-
-class _OpError(Exception):
-    """The original's ManagementOperationError: answered 400 with the message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,118 +73,6 @@ class _Staged:
     artifact: str
     num_replicas: int
     batching: BatchingConfig | None
-
-
-# -- request fields -------------------------------------------------------------------------------
-
-
-def _require(doc: dict[str, Any], key: str) -> Any:
-    if key not in doc:
-        raise _JsonError(f"JSON object does not have required key: {key}")
-    return doc[key]
-
-
-def _str(doc: dict[str, Any], key: str, default: str | None = None) -> str:
-    if default is not None and key not in doc:
-        return default
-    value = _require(doc, key)
-    if not isinstance(value, str):
-        raise _JsonError(f"Type mismatch! JSON key {key} expected type string")
-    return value
-
-
-def _opt_str(doc: dict[str, Any], key: str) -> str | None:
-    if doc.get(key) is None:
-        return None
-    return _str(doc, key)
-
-
-def _int(doc: dict[str, Any], key: str, default: int | None = None) -> int:
-    if default is not None and key not in doc:
-        return default
-    value = _require(doc, key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _JsonError(f"Type mismatch! JSON key {key} expected type int")
-    return value
-
-
-def _bool(doc: dict[str, Any], key: str, default: bool | None = None) -> bool:
-    if default is not None and key not in doc:
-        return default
-    value = _require(doc, key)
-    if not isinstance(value, bool):
-        raise _JsonError(f"Type mismatch! JSON key {key} expected type bool")
-    return value
-
-
-def _str_list(doc: dict[str, Any], key: str, default: list[str] | None = None) -> list[str]:
-    if default is not None and key not in doc:
-        return default
-    value = _require(doc, key)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _JsonError(f"Type mismatch! JSON key {key} expected type array of strings")
-    return value
-
-
-def _input_type(name: str) -> InputType:
-    try:
-        return InputType.parse(name)
-    except ValueError as e:
-        raise _OpError(str(e)) from None
-
-
-def _batching(doc: dict[str, Any]) -> BatchingConfig | None:
-    spec = doc.get("batching")
-    if spec is None:
-        return None
-    if not isinstance(spec, dict):
-        raise _JsonError("Type mismatch! JSON key batching expected type object")
-    allowed = {
-        "controller",
-        "max_batch_size",
-        "max_wait_micros",
-        "in_flight",
-        "target_fraction",
-        "params",
-    }
-    unknown = sorted(set(spec) - allowed)
-    if unknown:
-        raise _JsonError(f"unknown batching keys {unknown}; expected some of {sorted(allowed)}")
-    try:
-        return BatchingConfig(**spec)
-    except (ConfigError, TypeError) as e:
-        raise _OpError(f"invalid batching: {e}") from None
-
-
-def _artifact(path: str) -> str:
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise _OpError(
-            f"artifact_path '{path}' does not exist on the frontend's machine: give a "
-            "cloudpickle file or a directory artifact there, or use /admin/upload_model"
-        )
-    return str(p.resolve())
-
-
-def _num_replicas(doc: dict[str, Any], default: int | None = None) -> int:
-    n = _int(doc, "num_replicas", default)
-    if n < 0:
-        raise _OpError(f"num_replicas must be >= 0, got {n}")
-    return n
-
-
-def _check_chars(kind: str, value: str) -> None:
-    # The original's delimiters: "name:version" ids and comma-joined labels in Redis.
-    if "," in value or ":" in value:
-        raise _OpError(f"{kind} '{value}' contains prohibited characters (',' or ':')")
-
-
-def _text(msg: str) -> Reply:
-    return 200, msg.encode(), TEXT
-
-
-def _json(doc: Any) -> Reply:
-    return 200, orjson.dumps(doc), JSON
 
 
 def _histogram_p50(buckets: list[tuple[float, float]]) -> float | None:
@@ -325,10 +160,10 @@ class AdminApi:
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            respond(400, _schema_error(name, str(e)), TEXT)
+            respond(400, schema_error(name, str(e)), TEXT)
             return
         if not isinstance(doc, dict):
-            respond(400, _schema_error(name, "the body must be a JSON object"), TEXT)
+            respond(400, schema_error(name, "the body must be a JSON object"), TEXT)
             return
         if run_async is not None:
             self._spawn(self._guarded(name, run_async, doc), respond)
@@ -336,9 +171,9 @@ class AdminApi:
         assert sync is not None
         try:
             status, data, ctype = sync(doc)
-        except _JsonError as e:
-            respond(400, _schema_error(name, str(e)), TEXT)
-        except (_OpError, ClipperError) as e:
+        except FieldError as e:
+            respond(400, schema_error(name, str(e)), TEXT)
+        except (OperationError, ClipperError) as e:
             respond(400, str(e).encode(), TEXT)
         else:
             respond(status, data, ctype)
@@ -346,8 +181,8 @@ class AdminApi:
     async def _guarded(self, name: str, handler: AsyncHandler, doc: dict[str, Any]) -> Reply:
         try:
             return await handler(doc)
-        except _JsonError as e:
-            return 400, _schema_error(name, str(e)), TEXT
+        except FieldError as e:
+            return 400, schema_error(name, str(e)), TEXT
 
     def _spawn(self, work: Coroutine[Any, Any, Reply], respond: Respond) -> None:
         task = asyncio.get_running_loop().create_task(self._answer(work, respond))
@@ -360,7 +195,7 @@ class AdminApi:
         except asyncio.CancelledError:
             respond(503, b"the frontend is shutting down", TEXT)
             raise
-        except (_OpError, ClipperError) as e:
+        except (OperationError, ClipperError) as e:
             respond(400, str(e).encode(), TEXT)
         except Exception:
             log.exception("unexpected error in an admin operation")
@@ -380,14 +215,14 @@ class AdminApi:
 
     # -- applications --------------------------------------------------------------------------
     def _add_app(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "name")
-        itype = _input_type(_str(doc, "input_type"))
-        default_output = _str(doc, "default_output")
-        slo = _int(doc, "latency_slo_micros")
-        cache = _bool(doc, "cache", True)
-        overload = _str(doc, "overload", "default")
+        name = str_field(doc, "name")
+        itype = input_type_field(str_field(doc, "input_type"))
+        default_output = str_field(doc, "default_output")
+        slo = int_field(doc, "latency_slo_micros")
+        cache = bool_field(doc, "cache", True)
+        overload = str_field(doc, "overload", "default")
         if overload not in ("default", "reject"):
-            raise _OpError(f"overload must be 'default' or 'reject', got {overload!r}")
+            raise OperationError(f"overload must be 'default' or 'reject', got {overload!r}")
         self.clipper.register_application(
             name,
             itype,
@@ -396,33 +231,33 @@ class AdminApi:
             cache=cache,
             overload="reject" if overload == "reject" else "default",
         )
-        return _text(f"Successfully added application with name '{name}'")
+        return text_reply(f"Successfully added application with name '{name}'")
 
     def _delete_app(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "name")
+        name = str_field(doc, "name")
         # The registry drops the app's links with it; the query API answers 404 from then on.
         self.clipper.delete_application(name)
-        return _text(f"Successfully deleted application with name '{name}'")
+        return text_reply(f"Successfully deleted application with name '{name}'")
 
     def _update_app(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "name")
+        name = str_field(doc, "name")
         changes: dict[str, Any] = {}
         if "latency_slo_micros" in doc:
-            changes["latency_slo_micros"] = _int(doc, "latency_slo_micros")
+            changes["latency_slo_micros"] = int_field(doc, "latency_slo_micros")
         if "default_output" in doc:
-            changes["default_output"] = _str(doc, "default_output")
+            changes["default_output"] = str_field(doc, "default_output")
         if "cache" in doc:
-            changes["cache"] = _bool(doc, "cache")
+            changes["cache"] = bool_field(doc, "cache")
         if "overload" in doc:
-            overload = _str(doc, "overload")
+            overload = str_field(doc, "overload")
             if overload not in ("default", "reject"):
-                raise _OpError(f"overload must be 'default' or 'reject', got {overload!r}")
+                raise OperationError(f"overload must be 'default' or 'reject', got {overload!r}")
             changes["overload"] = overload
         unknown = sorted(set(doc) - {"name", *changes})
         if unknown:
-            raise _JsonError(f"unknown keys {unknown}")
+            raise FieldError(f"unknown keys {unknown}")
         self.clipper.registry.update_app(name, **changes)
-        return _text(f"Successfully updated application with name '{name}'")
+        return text_reply(f"Successfully updated application with name '{name}'")
 
     def _app_doc(self, app: Application) -> dict[str, Any]:
         return {
@@ -434,79 +269,81 @@ class AdminApi:
         }
 
     def _get_all_applications(self, doc: dict[str, Any]) -> Reply:
-        verbose = _bool(doc, "verbose", False)
+        verbose = bool_field(doc, "verbose", False)
         apps = list(self.clipper.registry.apps.values())
         if verbose:
-            return _json([self._app_doc(a) for a in apps])
-        return _json([a.name for a in apps])
+            return json_reply([self._app_doc(a) for a in apps])
+        return json_reply([a.name for a in apps])
 
     def _get_application(self, doc: dict[str, Any]) -> Reply:
-        app = self.clipper.registry.apps.get(_str(doc, "name"))
-        return _json(self._app_doc(app) if app is not None else {})
+        app = self.clipper.registry.apps.get(str_field(doc, "name"))
+        return json_reply(self._app_doc(app) if app is not None else {})
 
     def _get_linked_models(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "app_name")
+        name = str_field(doc, "app_name")
         if name not in self.clipper.registry.apps:
-            raise _OpError(f"No application with name '{name}' exists.")
-        return _json(self.clipper.registry.linked_models(name))
+            raise OperationError(f"No application with name '{name}' exists.")
+        return json_reply(self.clipper.registry.linked_models(name))
 
     def _get_state(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "app_name")
-        _int(doc, "uid", 0)
+        name = str_field(doc, "app_name")
+        int_field(doc, "uid", 0)
         app = self.clipper.registry.apps.get(name)
         if app is None:
-            raise _OpError(f"No application with name '{name}' exists.")
-        return _text(app.default_output)
+            raise OperationError(f"No application with name '{name}' exists.")
+        return text_reply(app.default_output)
 
     # -- links ---------------------------------------------------------------------------------
     def _add_model_links(self, doc: dict[str, Any]) -> Reply:
-        app = _str(doc, "app_name")
-        names = _str_list(doc, "model_names")
+        app = str_field(doc, "app_name")
+        names = str_list_field(doc, "model_names")
         if app not in self.clipper.registry.apps:
-            raise _OpError(f"No app with name '{app}' exists.")
+            raise OperationError(f"No app with name '{app}' exists.")
         if len(names) != 1:
-            raise _OpError(
+            raise OperationError(
                 "Applications must be linked with at most one model. "
                 f"Attempted to link {len(names)} models to application '{app}'."
             )
         self.clipper.link_model_to_app(app, names[0])
-        return _text(f"Successfully linked model with name '{names[0]}' to application '{app}'")
+        return text_reply(
+            f"Successfully linked model with name '{names[0]}' to application '{app}'"
+        )
 
     def _delete_model_links(self, doc: dict[str, Any]) -> Reply:
-        app = _str(doc, "app_name")
-        names = _str_list(doc, "model_names")
+        app = str_field(doc, "app_name")
+        names = str_list_field(doc, "model_names")
         registry = self.clipper.registry
         if app not in registry.apps:
-            raise _OpError(f"No app with name '{app}' exists.")
+            raise OperationError(f"No app with name '{app}' exists.")
         linked = registry.linked_models(app)
         missing = [n for n in names if n not in linked]
         if missing:
-            raise _OpError(f"Model '{missing[0]}' is not linked to '{app}'")
+            raise OperationError(f"Model '{missing[0]}' is not linked to '{app}'")
         for n in dict.fromkeys(names):
             registry.unlink(app, n)
-        return _text("Success!")
+        return text_reply("Success!")
 
     # -- models --------------------------------------------------------------------------------
     async def _add_model(self, doc: dict[str, Any]) -> Reply:
         c = self.clipper
-        name = _str(doc, "model_name")
-        version = _str(doc, "model_version")
-        itype = _input_type(_str(doc, "input_type"))
-        labels = _str_list(doc, "labels", [])
-        container_name = _str(doc, "container_name", "NO_CONTAINER")
-        _str(doc, "model_data_path", "DEPRECATED")
-        batch_size = _int(doc, "batch_size", -1)
+        name = str_field(doc, "model_name")
+        version = str_field(doc, "model_version")
+        itype = input_type_field(str_field(doc, "input_type"))
+        labels = str_list_field(doc, "labels", [])
+        container_name = str_field(doc, "container_name", "NO_CONTAINER")
+        str_field(doc, "model_data_path", "DEPRECATED")
+        batch_size = int_field(doc, "batch_size", -1)
         for kind, value in (("model name", name), ("model version", version)):
-            _check_chars(kind, value)
+            check_chars(kind, value)
         for label in labels:
-            _check_chars("label", label)
+            check_chars("label", label)
         if batch_size <= 0 and batch_size != -1:
-            raise _OpError(
+            raise OperationError(
                 f"Invalid batch size {batch_size}: it must be a positive integer, or -1 to "
                 "let Clipper size batches adaptively"
             )
         if version in c.registry.models.get(name, {}):
-            raise _OpError(f"model with name '{name}' and version '{version}' already exists")
+            raise OperationError(f"model with name '{name}' and version '{version}' already exists")
         batching = (
             BatchingConfig(controller="fixed", max_batch_size=batch_size)
             if batch_size > 0
@@ -517,7 +354,7 @@ class AdminApi:
             # A container manager asked for replicas of this version before registering it
             # (clipper_admin's deploy_model): start them, and answer once they are connected.
             if staged.input_type is not itype:
-                raise _OpError(
+                raise OperationError(
                     f"model '{name}' version '{version}' was staged with input type "
                     f"{staged.input_type.readable}, but add_model says {itype.readable}"
                 )
@@ -546,7 +383,7 @@ class AdminApi:
             )
             # The original only points the model at this version; nothing is stopped.
             c.registry.set_model_version(name, version)
-        return _text(
+        return text_reply(
             f"Successfully added model with name '{name}' and input type '{itype.readable}'"
         )
 
@@ -565,48 +402,48 @@ class AdminApi:
         return [mv for vs in self.clipper.registry.models.values() for mv in vs.values()]
 
     def _get_all_models(self, doc: dict[str, Any]) -> Reply:
-        verbose = _bool(doc, "verbose", False)
+        verbose = bool_field(doc, "verbose", False)
         if verbose:
-            return _json([self._model_doc(mv) for mv in self._versions()])
-        return _json([f"{mv.name}:{mv.version}" for mv in self._versions()])
+            return json_reply([self._model_doc(mv) for mv in self._versions()])
+        return json_reply([f"{mv.name}:{mv.version}" for mv in self._versions()])
 
     def _get_model(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "model_name")
-        version = _str(doc, "model_version")
+        name = str_field(doc, "model_name")
+        version = str_field(doc, "model_version")
         mv = self.clipper.registry.models.get(name, {}).get(version)
-        return _json(self._model_doc(mv) if mv is not None else {})
+        return json_reply(self._model_doc(mv) if mv is not None else {})
 
     async def _set_model_version(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "model_name")
-        version = _str(doc, "model_version")
+        name = str_field(doc, "model_name")
+        version = str_field(doc, "model_version")
         versions = self.clipper.registry.models.get(name)
         if not versions:
-            raise _OpError(f"Cannot set version for nonexistent model '{name}'")
+            raise OperationError(f"Cannot set version for nonexistent model '{name}'")
         if version not in versions:
-            raise _OpError(f"Cannot set non-existent version '{version}' for model '{name}'")
+            raise OperationError(f"Cannot set non-existent version '{version}' for model '{name}'")
         # The facade starts the target's replicas first (when it has an artifact), switches
         # traffic once they are connected, then drains and stops the previous version.
         await self.clipper.set_model_version(name, version)
-        return _text(f"Successfully set model with name '{name}' to version '{version}'")
+        return text_reply(f"Successfully set model with name '{name}' to version '{version}'")
 
     async def _delete_versioned_model(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "model_name")
-        version = _str(doc, "model_version")
+        name = str_field(doc, "model_name")
+        version = str_field(doc, "model_version")
         if version not in self.clipper.registry.models.get(name, {}):
-            raise _OpError(f"Model with name '{name}' and version '{version}' does not exist")
+            raise OperationError(f"Model with name '{name}' and version '{version}' does not exist")
         # Its processes are stopped (draining what they hold), then the version is removed.
         await self.clipper.stop_model(name, version)
-        return _text(f"Successfully deleted model with name '{name}' and version '{version}'")
+        return text_reply(f"Successfully deleted model with name '{name}' and version '{version}'")
 
     # -- deployment (extensions) ---------------------------------------------------------------
     async def _deploy_model(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "model_name")
-        version = _str(doc, "model_version")
-        itype = _input_type(_str(doc, "input_type"))
-        artifact = _artifact(_str(doc, "artifact_path"))
-        n = _num_replicas(doc, 1)
-        batching = _batching(doc)
-        labels = _str_list(doc, "labels", [])
+        name = str_field(doc, "model_name")
+        version = str_field(doc, "model_version")
+        itype = input_type_field(str_field(doc, "input_type"))
+        artifact = artifact_field(str_field(doc, "artifact_path"))
+        n = num_replicas_field(doc, 1)
+        batching = batching_field(doc)
+        labels = str_list_field(doc, "labels", [])
         return await self._deploy(
             name, version, itype=itype, artifact=artifact, n=n, batching=batching, labels=labels
         )
@@ -631,7 +468,7 @@ class AdminApi:
             batching=batching,
             labels=labels,
         )
-        return _json({"model_name": name, "model_version": version, "num_replicas": n})
+        return json_reply({"model_name": name, "model_version": version, "num_replicas": n})
 
     async def _upload_model(self, query: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
         params = dict(parse_qsl(query))
@@ -642,7 +479,7 @@ class AdminApi:
                 header = headers.get(f"x-clipper-{key.replace('_', '-')}".encode())
                 value = header.decode("utf-8", "replace") if header is not None else default
             if value is None:
-                raise _OpError(
+                raise OperationError(
                     f"missing parameter {key}. Expected: {SCHEMAS['upload_model']} "
                     "(or the headers X-Clipper-Name, X-Clipper-Version, X-Clipper-Input-Type, "
                     "X-Clipper-Num-Replicas)"
@@ -650,15 +487,15 @@ class AdminApi:
             return value
 
         name, version = param("name"), param("version")
-        itype = _input_type(param("input_type"))
+        itype = input_type_field(param("input_type"))
         try:
             n = int(param("num_replicas", "1"))
         except ValueError:
-            raise _OpError("num_replicas must be an integer") from None
+            raise OperationError("num_replicas must be an integer") from None
         if n < 0:
-            raise _OpError(f"num_replicas must be >= 0, got {n}")
+            raise OperationError(f"num_replicas must be >= 0, got {n}")
         if not body:
-            raise _OpError(
+            raise OperationError(
                 "the request body must be the model: a cloudpickle file or a gzipped tar of "
                 "an artifact directory"
             )
@@ -667,70 +504,70 @@ class AdminApi:
             try:
                 spec = orjson.loads(params["batching"])
             except orjson.JSONDecodeError as e:
-                raise _OpError(f"batching must be a JSON object: {e}") from None
+                raise OperationError(f"batching must be a JSON object: {e}") from None
             if not isinstance(spec, dict):
-                raise _OpError("batching must be a JSON object")
-            batching = _batching({"batching": spec})
+                raise OperationError("batching must be a JSON object")
+            batching = batching_field({"batching": spec})
         try:
             check_name("model", name)
             check_name("version", version)
         except RegistryError as e:
-            raise _OpError(str(e)) from None
+            raise OperationError(str(e)) from None
         if version in self.clipper.registry.models.get(name, {}):
             # Refuse before writing: the running version's file must stay as it is.
-            raise _OpError(f"model with name '{name}' and version '{version}' already exists")
+            raise OperationError(f"model with name '{name}' and version '{version}' already exists")
         base = self.clipper.state_dir / "uploads" / name / version
         if body[:2] == b"\x1f\x8b":  # gzip: an artifact directory
             try:
-                await asyncio.to_thread(_extract, base / "artifact", body)
+                await asyncio.to_thread(extract_archive, base / "artifact", body)
             except (tarfile.TarError, OSError) as e:
-                raise _OpError(f"the uploaded archive cannot be unpacked: {e}") from None
+                raise OperationError(f"the uploaded archive cannot be unpacked: {e}") from None
             path = base / "artifact"
             inner = path / "model.pkl"
             if not (path / "clipper-model.json").exists() and inner.exists():
                 path = inner  # a single pickled model, archived
         else:
             path = base / "model.pkl"
-            await asyncio.to_thread(_write, path, body)
+            await asyncio.to_thread(write_file, path, body)
         return await self._deploy(
             name, version, itype=itype, artifact=str(path), n=n, batching=batching, labels=[]
         )
 
     def _stage_model(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "model_name")
-        version = _str(doc, "model_version")
-        itype = _input_type(_str(doc, "input_type"))
-        artifact = _artifact(_str(doc, "artifact_path"))
-        n = _num_replicas(doc, 1)
-        batching = _batching(doc)
+        name = str_field(doc, "model_name")
+        version = str_field(doc, "model_version")
+        itype = input_type_field(str_field(doc, "input_type"))
+        artifact = artifact_field(str_field(doc, "artifact_path"))
+        n = num_replicas_field(doc, 1)
+        batching = batching_field(doc)
         try:
             check_name("model", name)
             check_name("version", version)
         except RegistryError as e:
-            raise _OpError(str(e)) from None
+            raise OperationError(str(e)) from None
         if version in self.clipper.registry.models.get(name, {}):
-            raise _OpError(f"model with name '{name}' and version '{version}' already exists")
+            raise OperationError(f"model with name '{name}' and version '{version}' already exists")
         self._staged[(name, version)] = _Staged(itype, artifact, n, batching)
-        return _text(
+        return text_reply(
             f"Successfully staged model with name '{name}' and version '{version}': "
             f"add_model will start {n} replicas of {artifact}"
         )
 
     async def _set_num_replicas(self, doc: dict[str, Any]) -> Reply:
         c = self.clipper
-        name = _str(doc, "model_name")
-        version = _opt_str(doc, "model_version")
-        n = _num_replicas(doc)
-        artifact = _opt_str(doc, "artifact_path")
+        name = str_field(doc, "model_name")
+        version = opt_str_field(doc, "model_version")
+        n = num_replicas_field(doc)
+        artifact = opt_str_field(doc, "artifact_path")
         mv = c.registry.get_model(name, version)
         if mv.artifact is None and artifact is not None and n > 0:
             # Registered without an artifact (add_model): attach the one given, so the local
             # manager can run it.
-            mv = replace(mv, artifact=_artifact(artifact))
+            mv = replace(mv, artifact=artifact_field(artifact))
             c.registry.replace_model(mv)
         if mv.artifact is None:
             if n > 0:
-                raise _OpError(
+                raise OperationError(
                     f"model {name}:{mv.version} has no artifact for clipper-serve to run (its "
                     "containers are started elsewhere): pass artifact_path, or deploy it with "
                     "/admin/deploy_model"
@@ -738,7 +575,7 @@ class AdminApi:
             c.registry.set_num_replicas(name, mv.version, 0)
         else:
             await c.set_num_replicas(name, n, mv.version)
-        return _text(
+        return text_reply(
             f"Successfully set the number of replicas of model with name '{name}' and version "
             f"'{mv.version}' to {n}"
         )
@@ -764,27 +601,27 @@ class AdminApi:
         }
 
     def _get_all_containers(self, doc: dict[str, Any]) -> Reply:
-        verbose = _bool(doc, "verbose", False)
+        verbose = bool_field(doc, "verbose", False)
         replicas = [r for r in self._replicas() if r.scheduler is not None]
         if verbose:
-            return _json([self._container_doc(r) for r in replicas])
-        return _json(
+            return json_reply([self._container_doc(r) for r in replicas])
+        return json_reply(
             [f"{d['model_id']}:{d['model_replica_id']}" for d in map(self._container_doc, replicas)]
         )
 
     def _get_container(self, doc: dict[str, Any]) -> Reply:
-        name = _str(doc, "model_name")
-        version = _str(doc, "model_version")
-        replica_id = _int(doc, "replica_id")
+        name = str_field(doc, "model_name")
+        version = str_field(doc, "model_version")
+        replica_id = int_field(doc, "replica_id")
         for r in self._replicas(name, version):
             if r.replica_id == replica_id and r.scheduler is not None:
-                return _json(self._container_doc(r))
-        return _json({})
+                return json_reply(self._container_doc(r))
+        return json_reply({})
 
     def _get_replicas(self, doc: dict[str, Any]) -> Reply:
         c = self.clipper
-        name = _opt_str(doc, "model_name")
-        version = _opt_str(doc, "model_version")
+        name = opt_str_field(doc, "model_name")
+        version = opt_str_field(doc, "model_version")
         p50 = self._latency_p50s()
         now = c.clock.now()
         out = []
@@ -811,7 +648,7 @@ class AdminApi:
                     "restarts": proc.restarts if proc is not None else None,
                 }
             )
-        return _json(out)
+        return json_reply(out)
 
     def _latency_p50s(self) -> dict[tuple[str, str, str], float]:
         """Per replica, the median batch round trip from its latency histogram."""
@@ -830,9 +667,9 @@ class AdminApi:
         return out
 
     def _get_logs(self, doc: dict[str, Any]) -> Reply:
-        limit = _int(doc, "max_bytes", _LOG_TAIL_BYTES)
+        limit = int_field(doc, "max_bytes", _LOG_TAIL_BYTES)
         if limit < 0:
-            raise _OpError(f"max_bytes must be >= 0, got {limit}")
+            raise OperationError(f"max_bytes must be >= 0, got {limit}")
         logs = []
         for path in sorted((self.clipper.state_dir / "logs").glob("*.log")):
             try:
@@ -843,25 +680,4 @@ class AdminApi:
             except OSError:
                 continue
             logs.append({"file": path.name, "text": data.decode("utf-8", "replace")})
-        return _json(logs)
-
-
-def _schema_error(route: str, msg: str) -> bytes:
-    return f"Error parsing JSON: {msg}. Expected JSON schema: {SCHEMAS[route]}".encode()
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
-def _extract(dest: Path, archive: bytes) -> None:
-    """Unpack an uploaded artifact; the "data" filter refuses absolute paths, links out of
-    the directory and device files, so an upload cannot write outside ``dest``."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        tar.extractall(dest, filter="data")
+        return json_reply(logs)
