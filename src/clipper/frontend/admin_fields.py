@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from clipper.config import BatchingConfig
-from clipper.errors import ConfigError
+from clipper.errors import ClipperError, ConfigError, RegistryError
 from clipper.frontend.http import JSON
 from clipper.inputs import InputType
 
