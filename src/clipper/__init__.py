@@ -4,6 +4,7 @@ The public surface; everything else is internal and may change.
 """
 
 from clipper.background import ClipperThread
+from clipper.client import Client
 from clipper.clock import Clock, FakeClock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.errors import (
@@ -30,6 +31,7 @@ __all__ = [
     "Application",
     "BadInputError",
     "BatchingConfig",
+    "Client",
     "Clipper",
     "ClipperError",
     "ClipperThread",
