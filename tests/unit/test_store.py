@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from clipper.errors import ClipperError, ConfigError
-from clipper.store import KINDS, MemoryStore, SqliteStore, Store, StoreError, open_store
+from clipper.store import CONFIG_KINDS, MemoryStore, SqliteStore, Store, StoreError, open_store
 from clipper.store.base import redact_url
 from clipper.store.sqlite import SCHEMA_VERSION
 
@@ -107,7 +107,7 @@ async def test_bad_kind_key_or_value_is_a_store_error(store: Store) -> None:
         await store.put("app", "", APP)
     with pytest.raises(StoreError, match="not JSON"):
         await store.put("app", "a", {"f": object()})
-    assert await store.load() == {kind: {} for kind in KINDS}
+    assert await store.load() == {kind: {} for kind in CONFIG_KINDS}
 
 
 async def test_own_writes_are_not_watched(store: Store) -> None:
@@ -263,7 +263,7 @@ async def test_sqlite_meta_row_is_not_in_the_snapshot(tmp_path: Path) -> None:
     s = SqliteStore(tmp_path / "clipper.db")
     await s.open()
     try:
-        assert set(await s.load()) == set(KINDS)
+        assert set(await s.load()) == set(CONFIG_KINDS)
     finally:
         await s.close()
 
@@ -367,3 +367,12 @@ def test_redact_url_hides_the_password() -> None:
     assert redact_url("redis://user:s3cret@h:6379/0") == "redis://user:***@h:6379/0"
     assert redact_url("redis://h:6379/0") == "redis://h:6379/0"
     assert redact_url("redis://:pw@[::1]:6379/0") == "redis://:***@[::1]:6379/0"
+
+
+async def test_state_is_read_one_key_at_a_time_and_not_loaded(store: Store) -> None:
+    await store.put("state", "app:user-1", {"log_w": {"m": -1.5}})
+    assert await store.get("state", "app:user-1") == {"log_w": {"m": -1.5}}
+    assert await store.get("state", "app:nobody") is None
+    assert "state" not in await store.load()  # possibly millions of users: never in a snapshot
+    await store.delete("state", "app:user-1")
+    assert await store.get("state", "app:user-1") is None

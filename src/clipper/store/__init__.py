@@ -5,6 +5,7 @@ frontend per state directory) or ``redis://host:port/db`` (frontends that share 
 """
 
 from clipper.store.base import (
+    CONFIG_KINDS,
     KINDS,
     Kind,
     Snapshot,
@@ -18,6 +19,7 @@ from clipper.store.memory import MemoryStore
 from clipper.store.sqlite import SqliteStore
 
 __all__ = [
+    "CONFIG_KINDS",
     "KINDS",
     "Kind",
     "MemoryStore",

@@ -22,6 +22,7 @@ import orjson
 from clipper.errors import ClipperError, ConfigError
 
 __all__ = [
+    "CONFIG_KINDS",
     "KINDS",
     "Kind",
     "Snapshot",
@@ -36,8 +37,11 @@ __all__ = [
     "redact_url",
 ]
 
-Kind = Literal["app", "model", "current", "links"]
+Kind = Literal["app", "model", "current", "links", "state"]
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
+# What load() returns: the configuration. "state" (selection-policy state per application and
+# user) can hold millions of keys: it is read one key at a time with get().
+CONFIG_KINDS: Final[tuple[Kind, ...]] = ("app", "model", "current", "links")
 
 # kind -> key -> value; all four kinds are always present, possibly empty.
 Snapshot = dict[str, dict[str, Any]]
@@ -86,11 +90,13 @@ class Store(Protocol):
 
     async def delete(self, kind: Kind, key: str) -> None: ...
 
+    async def get(self, kind: Kind, key: str) -> Any | None: ...
+
     def watch(self, callback: Watcher) -> None: ...
 
 
 def empty_snapshot() -> Snapshot:
-    return {kind: {} for kind in KINDS}
+    return {kind: {} for kind in CONFIG_KINDS}
 
 
 def check_kind(kind: str) -> Kind:

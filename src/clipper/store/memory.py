@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from clipper.store.base import (
+    CONFIG_KINDS,
     KINDS,
     Kind,
     Snapshot,
@@ -49,6 +50,7 @@ class MemoryStore:
         return {
             kind: {key: decode_value(kind, key, text) for key, text in records.items()}
             for kind, records in self._data.items()
+            if kind in CONFIG_KINDS
         }
 
     async def put(self, kind: Kind, key: str, value: Any) -> None:
@@ -58,6 +60,11 @@ class MemoryStore:
     async def delete(self, kind: Kind, key: str) -> None:
         self._check_open()
         self._data[check_kind(kind)].pop(key, None)
+
+    async def get(self, kind: Kind, key: str) -> Any | None:
+        self._check_open()
+        text = self._data[check_kind(kind)].get(key)
+        return None if text is None else decode_value(kind, key, text)
 
     def watch(self, callback: Watcher) -> None:
         self._watchers.append(callback)

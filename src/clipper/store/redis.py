@@ -26,6 +26,7 @@ import orjson
 
 from clipper.errors import ConfigError
 from clipper.store.base import (
+    CONFIG_KINDS,
     KINDS,
     Kind,
     Snapshot,
@@ -156,11 +157,11 @@ class RedisStore:
         with self._failing("load"):
             # One transaction: a consistent snapshot across the four hashes.
             async with client.pipeline(transaction=True) as pipe:
-                for kind in KINDS:
+                for kind in CONFIG_KINDS:
                     pipe.hgetall(self._hash(kind))
                 results = await pipe.execute()
         snapshot = empty_snapshot()
-        for kind, fields in zip(KINDS, results, strict=True):
+        for kind, fields in zip(CONFIG_KINDS, results, strict=True):
             snapshot[kind] = {key: decode_value(kind, key, text) for key, text in fields.items()}
         return snapshot
 
@@ -171,6 +172,13 @@ class RedisStore:
     async def delete(self, kind: Kind, key: str) -> None:
         check_kind(kind)
         await self._write(kind, key, None, None)
+
+    async def get(self, kind: Kind, key: str) -> Any | None:
+        check_kind(kind)
+        client = self._live()
+        with self._failing("get"):
+            text = await client.hget(self._hash(kind), key)
+        return None if text is None else decode_value(kind, key, text)
 
     async def _write(self, kind: Kind, key: str, text: bytes | None, value: Any) -> None:
         client = self._live()

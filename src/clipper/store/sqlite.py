@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
 
 from clipper.store.base import (
-    KINDS,
+    CONFIG_KINDS,
     Kind,
     Snapshot,
     StoreError,
@@ -111,6 +111,11 @@ class SqliteStore:
         check_kind(kind)
         await self._call(self._delete_sync, kind, key)
 
+    async def get(self, kind: Kind, key: str) -> Any | None:
+        check_kind(kind)
+        text = await self._call(self._get_sync, kind, key)
+        return None if text is None else decode_value(kind, key, text)
+
     def watch(self, callback: Watcher) -> None:
         self._watchers.append(callback)
 
@@ -191,10 +196,17 @@ class SqliteStore:
             self._conn.close()
             self._conn = None
 
+    def _get_sync(self, kind: str, key: str) -> str | None:
+        row = self._db().execute(
+            "SELECT value FROM clipper_store WHERE kind = ? AND key = ?", (kind, key)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def _load_sync(self) -> list[tuple[str, str, str]]:
-        placeholders = ", ".join("?" * len(KINDS))
+        placeholders = ", ".join("?" * len(CONFIG_KINDS))
         cur = self._db().execute(
-            f"SELECT kind, key, value FROM clipper_store WHERE kind IN ({placeholders})", KINDS
+            f"SELECT kind, key, value FROM clipper_store WHERE kind IN ({placeholders})",
+            CONFIG_KINDS,
         )
         return [(str(k), str(key), str(v)) for k, key, v in cur.fetchall()]
 
