@@ -104,7 +104,11 @@ class Client:
         *,
         cache: bool = True,
         overload: str = "default",
+        **selection: Any,
     ) -> None:
+        """``selection``: ``policy`` (single, exp3, exp4, epsilon_greedy, ucb1, thompson,
+        ab_split), ``policy_params``, ``min_confidence``, ``loss``, ``loss_scale``,
+        ``online_learning`` (docs/selection.md)."""
         self.admin(
             "add_app",
             {
@@ -114,11 +118,13 @@ class Client:
                 "latency_slo_micros": latency_slo_micros,
                 "cache": cache,
                 "overload": overload,
+                **selection,
             },
         )
 
     def update_application(self, name: str, **changes: Any) -> None:
-        """Change ``latency_slo_micros``, ``default_output``, ``cache`` or ``overload``."""
+        """Change ``latency_slo_micros``, ``default_output``, ``cache``, ``overload`` or the
+        selection settings (``policy``, ``policy_params``, ``min_confidence``, ...)."""
         self.admin("update_app", {"name": name, **changes})
 
     def delete_application(self, name: str) -> None:
@@ -202,10 +208,14 @@ class Client:
         self.admin("delete_versioned_model", {"model_name": name, "model_version": version})
 
     # -- queries -----------------------------------------------------------------------------
-    def predict(self, app: str, input: Any, *, version: str | None = None) -> dict[str, Any]:
+    def predict(
+        self, app: str, input: Any, *, version: str | None = None, uid: str | int | None = None
+    ) -> dict[str, Any]:
         doc: dict[str, Any] = {"input": input}
         if version is not None:
             doc["version"] = version
+        if uid is not None:
+            doc["uid"] = uid
         answer: dict[str, Any] = self._query(f"{app}/predict", doc)
         return answer
 
@@ -215,7 +225,7 @@ class Client:
         predictions: list[dict[str, Any]] = answer.get("batch_predictions", [answer])
         return predictions
 
-    def feedback(self, app: str, input: Any, label: float, *, uid: int | None = None) -> None:
+    def feedback(self, app: str, input: Any, label: Any, *, uid: str | int | None = None) -> None:
         doc: dict[str, Any] = {"input": input, "label": label}
         if uid is not None:
             doc["uid"] = uid

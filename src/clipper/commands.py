@@ -59,6 +59,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     a.add_argument("--slo-micros", type=int, default=100_000, help="latency objective")
     a.add_argument("--no-cache", action="store_true")
     a.add_argument("--overload", choices=("default", "reject"), default="default")
+    _selection_options(a)
     a = app.add_parser(
         "update",
         parents=[common],
@@ -69,6 +70,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     a.add_argument("--default-output")
     a.add_argument("--cache", choices=("on", "off"))
     a.add_argument("--overload", choices=("default", "reject"))
+    _selection_options(a)
     a = app.add_parser(
         "delete", parents=[common], help="delete an application (its routes and links too)"
     )
@@ -123,6 +125,40 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     q.add_argument("app")
     q.add_argument("input", help='the input as JSON, e.g. "[1.0, 2.0]"')
     q.add_argument("--version")
+    q.add_argument("--uid", help="the user, for personalised selection")
+    f = sub.add_parser("feedback", parents=[common], help="send a label for an input")
+    f.add_argument("app")
+    f.add_argument("input", help="the input as JSON")
+    f.add_argument("label", help="the label as JSON")
+    f.add_argument("--uid", help="the user, for personalised selection")
+
+
+def _selection_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy", help="single, exp3, exp4, epsilon_greedy, ucb1, thompson or ab_split"
+    )
+    p.add_argument("--policy-params", help="JSON object, e.g. '{\"eta\": 0.1}'")
+    p.add_argument("--min-confidence", type=float, help="below it, answer the default output")
+    p.add_argument("--loss", choices=("0/1", "squared", "absolute"))
+    p.add_argument("--loss-scale", type=float)
+    p.add_argument("--online-learning", choices=("on", "off"))
+
+
+def _selection_args(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.policy is not None:
+        out["policy"] = args.policy
+    if args.policy_params is not None:
+        params = orjson.loads(_json_text(args.policy_params, "--policy-params"))
+        if not isinstance(params, dict):
+            raise ConfigError("--policy-params must be a JSON object")
+        out["policy_params"] = params
+    for key in ("min_confidence", "loss", "loss_scale"):
+        if getattr(args, key) is not None:
+            out[key] = getattr(args, key)
+    if args.online_learning is not None:
+        out["online_learning"] = args.online_learning == "on"
+    return out
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -147,7 +183,7 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
         _json_text(args.default_output, "--default-output")
         client.register_application(
             args.name, args.input_type, args.default_output, args.slo_micros,
-            cache=not args.no_cache, overload=args.overload,
+            cache=not args.no_cache, overload=args.overload, **_selection_args(args),
         )  # fmt: skip
         out = f"registered application {args.name}"
     elif cmd == "app" and action == "update":
@@ -160,6 +196,7 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
             changes["cache"] = args.cache == "on"
         if args.overload is not None:
             changes["overload"] = args.overload
+        changes.update(_selection_args(args))
         if not changes:
             _err("nothing to update: give --slo-micros, --default-output, --cache or --overload")
             return EXIT_USAGE
@@ -246,9 +283,14 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     elif cmd == "predict":
         value = _json_text(args.input, "input")
-        out = client.predict(args.app, orjson.loads(value), version=args.version)
+        out = client.predict(args.app, orjson.loads(value), version=args.version, uid=args.uid)
         print(orjson.dumps(out).decode())
         return EXIT_OK
+    elif cmd == "feedback":
+        item = orjson.loads(_json_text(args.input, "input"))
+        label = orjson.loads(_json_text(args.label, "label"))
+        client.feedback(args.app, item, label, uid=args.uid)
+        out = "feedback received"
     else:  # pragma: no cover - argparse requires a subcommand
         return EXIT_USAGE
     print(orjson.dumps({"ok": True, "message": out}).decode() if args.json else out)

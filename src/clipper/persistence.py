@@ -116,6 +116,15 @@ class StoreSync:
             except asyncio.QueueFull:
                 log.warning("the store writer is %d changes behind; dropping %s", _QUEUE_LIMIT, op)
 
+    def write(self, kind: str, key: str, value: Any) -> None:
+        """Queue a write that is not a registry change (selection-policy state)."""
+        try:
+            self._queue.put_nowait(("put", kind, key, value))
+        except asyncio.QueueFull:
+            log.warning(
+                "the store writer is %d changes behind; dropping %s/%s", _QUEUE_LIMIT, kind, key
+            )
+
     async def _write(self) -> None:
         while True:
             verb, kind, key, value = await self._queue.get()

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import orjson
 
 from clipper.config import BatchingConfig
-from clipper.errors import RegistryError
+from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
 
 __all__ = ["Application", "Change", "ModelVersion", "Registry", "embed_output"]
@@ -50,6 +50,16 @@ class Application:
     # What to do with a query that cannot meet its deadline: answer the default output at once,
     # or reject it with 503 so that a client with its own fallback can retry elsewhere.
     overload: Overload = "default"
+    # The model selection layer: which linked models answer a query and how their outputs
+    # combine ("single" is the original: one model). Its state learns from feedback, scored
+    # by `loss` ("0/1", "squared", "absolute"; `loss_scale` is where a loss saturates).
+    policy: str = "single"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    min_confidence: float = 0.0
+    loss: str = "0/1"
+    loss_scale: float = 1.0
+    # Send feedback on to models whose containers implement update(inputs, labels).
+    online_learning: bool = False
     default_value: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +75,22 @@ class Application:
             raise RegistryError("default_output must be a string (JSON text is embedded as JSON)")
         if self.overload not in ("default", "reject"):
             raise RegistryError(f"overload must be 'default' or 'reject', got {self.overload!r}")
+        if not 0.0 <= self.min_confidence <= 1.0:
+            raise RegistryError(f"min_confidence must be in [0, 1], got {self.min_confidence!r}")
+        if self.loss not in ("0/1", "squared", "absolute"):
+            raise RegistryError(f"loss must be 0/1, squared or absolute, got {self.loss!r}")
+        if not self.loss_scale > 0:
+            raise RegistryError(f"loss_scale must be > 0, got {self.loss_scale!r}")
+        from clipper.selection import make_policy  # the policy's own checks name bad params
+
+        weights = self.policy_params.get("weights")
+        # Checked against stand-in models: the linked ones are not known yet (ab_split's
+        # weights name them, so they stand in for themselves).
+        models = [str(m) for m in weights] if isinstance(weights, dict) and weights else ["m"]
+        try:
+            make_policy(self.policy, models, **self.policy_params)
+        except ClipperError as e:
+            raise RegistryError(str(e)) from None
         object.__setattr__(self, "default_value", embed_output(self.default_output))
 
     @property
@@ -79,6 +105,12 @@ class Application:
             "latency_slo_micros": self.latency_slo_micros,
             "cache": self.cache,
             "overload": self.overload,
+            "policy": self.policy,
+            "policy_params": dict(self.policy_params),
+            "min_confidence": self.min_confidence,
+            "loss": self.loss,
+            "loss_scale": self.loss_scale,
+            "online_learning": self.online_learning,
         }
 
     @classmethod
@@ -90,6 +122,12 @@ class Application:
             latency_slo_micros=int(r["latency_slo_micros"]),
             cache=bool(r.get("cache", True)),
             overload=r.get("overload", "default"),
+            policy=r.get("policy", "single"),
+            policy_params=dict(r.get("policy_params", {})),
+            min_confidence=float(r.get("min_confidence", 0.0)),
+            loss=r.get("loss", "0/1"),
+            loss_scale=float(r.get("loss_scale", 1.0)),
+            online_learning=bool(r.get("online_learning", False)),
         )
 
 
@@ -184,6 +222,11 @@ class Registry:
 
     def update_app(self, name: str, **changes: Any) -> Application:
         app = self.get_app(name)
+        if changes.get("policy") == "single" and len(self.links.get(name, ())) > 1:
+            raise RegistryError(
+                f"application '{name}' links {len(self.links[name])} models; the single "
+                "policy serves one: unlink the others first"
+            )
         if "default_output" in changes:
             changes["default_value"] = None
         updated = replace(app, **changes)
@@ -271,10 +314,11 @@ class Registry:
             raise RegistryError(
                 f"A model with name {model_name} is already linked to '{app_name}'."
             )
-        if linked:
+        if linked and app.policy == "single":
             raise RegistryError(
                 "Applications must be linked with at most one model. "
-                f"'{app_name}' is already linked to '{linked[0]}'."
+                f"'{app_name}' is already linked to '{linked[0]}'. (An application with a "
+                "selection policy other than single can link several.)"
             )
         bad = [mv for mv in self.models[model_name].values() if mv.input_type is not app.input_type]
         if bad:

@@ -27,6 +27,7 @@ from clipper.config import BatchingConfig, FrontendConfig
 from clipper.deployers import package
 from clipper.errors import ClipperError, NotFoundError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
+from clipper.frontend.ensemble import SelectionRuntime
 from clipper.frontend.http import JSON, HttpServer, Respond, json_response
 from clipper.frontend.metrics import Metrics
 from clipper.frontend.query import QueryProcessor
@@ -78,6 +79,10 @@ class Clipper:
             metrics=self.metrics,
             schedulers=self.schedulers,
         )
+        self.processor.selection = SelectionRuntime(
+            self.processor, persist=self._persist_state, fetch=self._fetch_state
+        )
+        self.processor.on_feedback = self._send_update
         self.rpc = RpcServer(
             host=config.rpc_host,
             port=config.rpc_port,
@@ -168,6 +173,8 @@ class Clipper:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.admin.stop()
+        if self.processor.selection is not None:
+            await self.processor.selection.stop()
         await self.manager.stop_all()
         await self.admin_http.stop()
         await self.http.stop()
@@ -236,7 +243,15 @@ class Clipper:
         *,
         cache: bool = True,
         overload: Literal["default", "reject"] = "default",
+        policy: str = "single",
+        policy_params: dict[str, Any] | None = None,
+        min_confidence: float = 0.0,
+        loss: str = "0/1",
+        loss_scale: float = 1.0,
+        online_learning: bool = False,
     ) -> Application:
+        """An application: its input type, latency SLO and default output; with a selection
+        ``policy`` other than ``single`` it may link several models (see docs/selection.md)."""
         app = Application(
             name=name,
             input_type=_input_type(input_type),
@@ -244,6 +259,12 @@ class Clipper:
             latency_slo_micros=latency_slo_micros,
             cache=cache,
             overload=overload,
+            policy=policy,
+            policy_params=dict(policy_params or {}),
+            min_confidence=min_confidence,
+            loss=loss,
+            loss_scale=loss_scale,
+            online_learning=online_learning,
         )
         self.registry.add_app(app)
         return app
@@ -463,6 +484,29 @@ class Clipper:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _send_update(self, app: Application, models: list[str], payload: bytes, label: Any) -> None:
+        """Online learning: the feedback goes on to one replica of each model that answered
+        (replicas of a version learn independently; documented)."""
+        for model in models:
+            sched = self.schedulers.get((model, self.registry.current.get(model, "")))
+            replica = next((r for r in sched.replicas if r.fast), None) if sched else None
+            if replica is None:
+                log.debug("no fast replica of %s takes online updates", model)
+                continue
+            try:
+                self.rpc.send_update(replica, payload, label)
+            except ClipperError:
+                log.warning("an online update to %s was not sent", model)
+
+    def _persist_state(self, app: str, uid: str, state: dict[str, Any]) -> None:
+        if self.sync is not None:
+            self.sync.write("state", f"{app}:{uid}", state)
+
+    async def _fetch_state(self, app: str, uid: str) -> Any:
+        if self.store is None:
+            return None
+        return await self.store.get("state", f"{app}:{uid}")
+
     def _on_remote_change(self, change: Change) -> None:
         """Another frontend changed the shared store: run what it says should run here too."""
         if change.kind in ("model", "replicas") and change.version is not None:
@@ -570,7 +614,7 @@ class Clipper:
                 self.processor.predict(app, body, respond)
                 return
             if verb == "update" and app:
-                respond(200, self.processor.feedback(app, body), JSON)
+                self.processor.feedback(app, body, respond)
                 return
         if method == b"GET":
             if path == "/metrics":

@@ -73,3 +73,38 @@ def fragile_sums(xs: Any) -> list[float]:
     if any(float(np.asarray(x)[0]) < 0 for x in xs):
         raise ValueError("boom: negative input")
     return row_sums(xs)
+
+
+# -- the selection layer: models that are right, wrong, slow, or learn ---------------------------
+
+
+def label_of(xs: Any) -> list[int]:
+    """Right: the label is the first element."""
+    return [int(np.asarray(x)[0]) for x in xs]
+
+
+def off_by_one(xs: Any) -> list[int]:
+    """Always wrong."""
+    return [int(np.asarray(x)[0]) + 1 for x in xs]
+
+
+def off_by_two(xs: Any) -> list[int]:
+    return [int(np.asarray(x)[0]) + 2 for x in xs]
+
+
+def slow_label_of(xs: Any) -> list[int]:
+    time.sleep(0.5)
+    return label_of(xs)
+
+
+class Counter:
+    """Learns online: answers how many labels it has been given so far."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def predict(self, xs: Any) -> list[int]:
+        return [self.seen for _ in xs]
+
+    def update(self, xs: Any, labels: list[Any]) -> None:
+        self.seen += len(labels)

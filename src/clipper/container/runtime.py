@@ -164,6 +164,7 @@ class _Server:
         token: str = "",
     ) -> None:
         self.token = token
+        self.model = model
         self.predict = _predict_fn(model)
         self.name, self.version, self.input_type = name, version, input_type
         self.address = address
@@ -209,6 +210,8 @@ class _Server:
             inputs = decode_inputs(req, self.input_type)
         except Exception as e:
             return self.error(req, fast, f"bad input: {type(e).__name__}: {e}")
+        if req.labels is not None:
+            return self.learn(req, inputs, req.labels)
         try:
             outputs = self.predict(inputs)
         except Exception as e:
@@ -224,6 +227,18 @@ class _Server:
             return encode_predict_response_v3(req.msg_id_bytes, [_v3_output(o) for o in outputs])
         except (orjson.JSONEncodeError, TypeError) as e:
             return self.error(req, fast, f"outputs are not JSON-serializable: {e}")
+
+    def learn(self, req: PredictRequest, inputs: Any, labels: list[Any]) -> list[bytes]:
+        """Online learning: hand feedback to the model's update(inputs, labels)."""
+        update = getattr(self.model, "update", None)
+        if not callable(update):
+            return self.error(req, True, "the model has no update(inputs, labels) method")
+        try:
+            update(inputs, labels)
+        except Exception as e:
+            self.log.exception("update raised on %d labelled inputs", req.n)
+            return self.error(req, True, f"{type(e).__name__}: {e}")
+        return encode_predict_response_fast(req.msg_id_bytes, [])
 
     def error(self, req: PredictRequest, fast: bool, message: str) -> list[bytes]:
         if fast:

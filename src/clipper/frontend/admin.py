@@ -230,6 +230,7 @@ class AdminApi:
             slo,
             cache=cache,
             overload="reject" if overload == "reject" else "default",
+            **_selection_fields(doc),
         )
         return text_reply(f"Successfully added application with name '{name}'")
 
@@ -253,6 +254,7 @@ class AdminApi:
             if overload not in ("default", "reject"):
                 raise OperationError(f"overload must be 'default' or 'reject', got {overload!r}")
             changes["overload"] = overload
+        changes.update(_selection_fields(doc))
         unknown = sorted(set(doc) - {"name", *changes})
         if unknown:
             raise FieldError(f"unknown keys {unknown}")
@@ -260,13 +262,19 @@ class AdminApi:
         return text_reply(f"Successfully updated application with name '{name}'")
 
     def _app_doc(self, app: Application) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "input_type": app.input_type.readable,
             "default_output": app.default_output,
             "latency_slo_micros": app.latency_slo_micros,
             "name": app.name,
             "linked_models": self.clipper.registry.linked_models(app.name),
         }
+        if app.policy != "single":  # the original's exact document otherwise
+            record = app.to_record()
+            for key in ("policy", "policy_params", "min_confidence", "loss", "loss_scale"):
+                doc[key] = record[key]
+            doc["online_learning"] = app.online_learning
+        return doc
 
     def _get_all_applications(self, doc: dict[str, Any]) -> Reply:
         verbose = bool_field(doc, "verbose", False)
@@ -681,3 +689,30 @@ class AdminApi:
                 continue
             logs.append({"file": path.name, "text": data.decode("utf-8", "replace")})
         return json_reply(logs)
+
+
+def _selection_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """The optional selection-layer settings of an application (docs/selection.md)."""
+    out: dict[str, Any] = {}
+    if "policy" in doc:
+        out["policy"] = str_field(doc, "policy")
+    if "policy_params" in doc:
+        params = doc["policy_params"]
+        if not isinstance(params, dict):
+            raise FieldError("Type mismatch! JSON key policy_params expected type object")
+        out["policy_params"] = params
+    if "min_confidence" in doc:
+        value = doc["min_confidence"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise FieldError("Type mismatch! JSON key min_confidence expected type number")
+        out["min_confidence"] = float(value)
+    if "loss" in doc:
+        out["loss"] = str_field(doc, "loss")
+    if "loss_scale" in doc:
+        value = doc["loss_scale"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise FieldError("Type mismatch! JSON key loss_scale expected type number")
+        out["loss_scale"] = float(value)
+    if "online_learning" in doc:
+        out["online_learning"] = bool_field(doc, "online_learning")
+    return out

@@ -56,12 +56,19 @@ _BATCHING = (
     '"params" := object}'
 )
 
+_SELECTION = (
+    ', "policy" := "single" | "exp3" | "exp4" | "epsilon_greedy" | "ucb1" | "thompson" | '
+    '"ab_split" (optional), "policy_params" := object (optional), '
+    '"min_confidence" := number (optional), "loss" := "0/1" | "squared" | "absolute" '
+    '(optional), "loss_scale" := number (optional), "online_learning" := bool (optional)}'
+)
+
 # The original's schema texts, as one line each (extensions in docs/admin-api.md).
 SCHEMAS: dict[str, str] = {
     "add_app": (
         '{"name" := string, "input_type" := ' + _INPUT_TYPES + ', "default_output" := string, '
         '"latency_slo_micros" := int, "cache" := bool (optional), '
-        '"overload" := "default" | "reject" (optional)}'
+        '"overload" := "default" | "reject" (optional)' + _SELECTION
     ),
     "delete_app": '{"name" := string}',
     "add_model": (
@@ -105,7 +112,7 @@ SCHEMAS: dict[str, str] = {
     "update_app": (
         '{"name" := string, "latency_slo_micros" := int (optional), '
         '"default_output" := string (optional), "cache" := bool (optional), '
-        '"overload" := "default" | "reject" (optional)}'
+        '"overload" := "default" | "reject" (optional)' + _SELECTION
     ),
     "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
     "get_logs": '{"max_bytes" := int (optional)}',

@@ -83,6 +83,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.missing = Counter(
+            "clipper_model_missing_contributions",
+            "Ensemble members chosen for a query whose output had not arrived at the deadline",
+            ["app", "model"],
+            registry=r,
+        )
         self.model_errors = Counter(
             "clipper_model_errors",
             "Batches whose predict raised",

@@ -25,8 +25,10 @@ from clipper.errors import (
     NotFoundError,
     OverloadedError,
     RegistryError,
+    ReplicaError,
     RequestError,
 )
+from clipper.frontend.ensemble import EnsembleQuery, SelectionRuntime, combine_one, parse_uid
 from clipper.frontend.metrics import Metrics
 from clipper.inputs import parse_input
 from clipper.registry import Application, Registry
@@ -180,6 +182,10 @@ class QueryProcessor:
         self.metrics = metrics
         self.schedulers = schedulers
         self._query_ids = itertools.count()
+        # The selection layer (several models per application); set by the frontend.
+        self.selection: SelectionRuntime | None = None
+        # Online learning: (app, models, input payload, label) for containers with update().
+        self.on_feedback: Callable[[Application, list[str], bytes, Any], None] | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._app_metrics: dict[str, tuple[Any, Any]] = {}
         self._cache_metrics: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -195,7 +201,7 @@ class QueryProcessor:
                 f"no application named '{app_name}'; registered applications: "
                 f"{sorted(self.registry.apps) or 'none'}"
             )
-        items, version = self._parse_predict(app, body)
+        items, version, uid = self._parse_predict(app, body)
         # Only true/false hold an "e" among JSON's non-string tokens besides exponents, and a
         # one-byte search is 20x cheaper than searching for the words; "e" means scan types.
         bools = b"e" in body
@@ -204,6 +210,9 @@ class QueryProcessor:
         linked = self.registry.links.get(app_name) or []
         if version is not None and len(linked) > 1:
             raise QueryProcessingError(f"Too many models linked to application {app_name}")
+        if app.policy != "single" and linked and self.selection is not None:
+            self.selection.predict(app, payloads, uid, respond, t0)
+            return
         model_name = linked[0] if linked else ""
         q = _Query(self, app, len(payloads), respond=respond, t0=t0, model=model_name)
         if not linked:
@@ -269,23 +278,36 @@ class QueryProcessor:
     def enqueue(self, q: _Query, i: int) -> bool:
         """Look input ``i`` up in the cache, or queue it; True when a task was queued (the
         caller pumps the scheduler once for the whole request)."""
-        sched = q.sched
-        assert sched is not None
-        payload = q.payloads[i]
-        waiter = q.waiter(i)
+        assert q.sched is not None
+        return self.submit(
+            q.app, q.model, q.version, q.sched, q.payloads[i], q.deadline, q.waiter(i)
+        )
+
+    def submit(  # noqa: PLR0917 (the hot path: no keyword packing)
+        self,
+        app: Application,
+        model: str,
+        version: str,
+        sched: ModelScheduler,
+        payload: bytes,
+        deadline: float,
+        waiter: Callable[[object, BaseException | None], None],
+    ) -> bool:
+        """One input for one model: answered from the cache, joined to the same input in
+        flight, or queued (True: the caller pumps ``sched`` once for its whole request)."""
         key: CacheKey | None = None
-        if q.app.cache:
-            key = (q.model, q.version, payload)
+        if app.cache:
+            key = (model, version, payload)
             status, value = self.cache.get_or_join(key, waiter)
-            hits, misses = self._cache_counters(q.model, q.version)
+            hits, misses = self._cache_counters(model, version)
             if status is Lookup.HIT:
                 hits.inc()
-                q.fill(i, value, None)
+                waiter(value, None)
                 return False
             misses.inc()
             if status is Lookup.JOINED:
                 return False
-        task = Task(payload, q.deadline, self.clock.now(), key, None if key else waiter)
+        task = Task(payload, deadline, self.clock.now(), key, None if key else waiter)
         try:
             sched.submit(task)
         except OverloadedError as e:
@@ -296,7 +318,7 @@ class QueryProcessor:
             return False
         return True
 
-    def _parse_predict(self, app: Application, body: bytes) -> tuple[list[Any], str | None]:
+    def _parse_predict(self, app: Application, body: bytes) -> tuple[list[Any], str | None, str]:
         schema = app.input_type.schema()
         try:
             doc = orjson.loads(body)
@@ -315,7 +337,7 @@ class QueryProcessor:
                 f'Error parsing JSON: "version" must be a string, got {type(version).__name__}'
             )
         if "input" in doc:
-            return [doc["input"]], version
+            return [doc["input"]], version, parse_uid(doc.get("uid"))
         batch = doc.get("input_batch")
         if batch is None:
             raise BadInputError(
@@ -327,34 +349,17 @@ class QueryProcessor:
                 'Error parsing JSON: "input_batch" must be a non-empty array. '
                 f"Expected JSON schema: {schema}"
             )
-        return batch, version
+        return batch, version, parse_uid(doc.get("uid"))
 
     # -- feedback ----------------------------------------------------------------------------
-    def feedback(self, app_name: str, body: bytes) -> bytes:
-        """``POST /{app}/update``: validated and acknowledged as the original does; the
-        selection layer (several models per app) is what consumes it."""
+    def feedback(self, app_name: str, body: bytes, respond: Respond) -> None:
+        """``POST /{app}/update``: joins the label with the models' predictions for that input
+        and updates the application's selection policy (per user with a ``uid``)."""
         app = self.registry.apps.get(app_name)
         if app is None:
             raise NotFoundError(f"no application named '{app_name}'")
-        expected = '{"input": <input>, "label": <number>, "uid": <int, optional>}'
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError as e:
-            raise BadInputError(
-                f"Error parsing JSON: {e}. Expected JSON schema: {expected}"
-            ) from None
-        if not isinstance(doc, dict) or "input" not in doc or "label" not in doc:
-            raise BadInputError(
-                "Error parsing JSON: feedback needs keys input and label. "
-                f"Expected JSON schema: {expected}"
-            )
-        label = doc["label"]
-        if isinstance(label, bool) or not isinstance(label, int | float):
-            raise BadInputError(
-                f"Error parsing JSON: label must be a number. Expected JSON schema: {expected}"
-            )
-        parse_input(app.input_type, doc["input"])
-        return b"Feedback received? 1"
+        assert self.selection is not None
+        self.selection.feedback(app, body, respond)
 
     # -- answers -----------------------------------------------------------------------------
     def explain(self, model: str, err: BaseException) -> tuple[str, str]:
@@ -366,6 +371,8 @@ class QueryProcessor:
             return "slo", SLO_MISSED
         if isinstance(err, RegistryError):
             return "no_model", NO_MODELS
+        if isinstance(err, ReplicaError):
+            return "no_replica", f"No replica of a chosen model is alive: {err}"
         return "error", f"{type(err).__name__}: {err}"
 
     def render(self, q: _Query) -> bytes:
@@ -390,6 +397,21 @@ class QueryProcessor:
                     }
                 )
         doc: Any = preds[0] if q.single else {"batch_predictions": preds}
+        return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def render_ensemble(self, q: EnsembleQuery) -> bytes:
+        app_name = q.app.name
+        requests, latency = self._app_counters(app_name)
+        requests.inc()
+        latency.observe(self.clock.now() - q.t0)
+        preds: list[dict[str, Any]] = []
+        for i in range(q.n):
+            answer = {"query_id": next(self._query_ids), **combine_one(q, i)}
+            reason = answer.pop("_reason", None)
+            if reason is not None:
+                self.metrics.defaults.labels(app=app_name, reason=reason).inc()
+            preds.append(answer)
+        doc: Any = preds[0] if q.n == 1 else {"batch_predictions": preds}
         return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
 
     def _app_counters(self, app: str) -> tuple[Any, Any]:

@@ -116,6 +116,14 @@ class RpcServer:
         self._send([replica.identity, *frames])
         return msg_id
 
+    def send_update(self, replica: Replica, payload: bytes, label: object) -> None:
+        """Feedback for a model that learns online (fast-framing replicas only); its answer,
+        an empty acknowledgement or the model's error, is not waited for."""
+        msg_id = self._msg_id
+        self._msg_id = (msg_id + 1) & 0xFFFFFFFF
+        frames = wire.encode_update_fast(msg_id, self._input_type_of(replica), [payload], [label])
+        self._send([replica.identity, *frames])
+
     def _send(self, frames: list[bytes]) -> None:
         sock = self._sock
         assert sock is not None

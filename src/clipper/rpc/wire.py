@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,7 @@ __all__ = [
     "encode_predict_response_fast",
     "encode_predict_response_v3",
     "encode_predict_v3",
+    "encode_update_fast",
     "json_default",
 ]
 
@@ -92,6 +93,7 @@ class RequestType(enum.IntEnum):
     PREDICT = 0
     FEEDBACK = 1
     FAST_PREDICT = 16  # ours
+    FAST_UPDATE = 17  # ours: feedback for models with update(inputs, labels)
 
 
 _U32 = struct.Struct("<I")
@@ -174,6 +176,7 @@ class PredictRequest:
     sizes: tuple[int, ...] | None = None
     shape: tuple[int, int] | None = None
     type_name: str | None = None
+    labels: list[Any] | None = None  # set for FAST_UPDATE: the labels of the inputs
 
     def item_frames(self) -> list[Frame]:
         """The inputs one per item; FAST payloads are sliced without copying."""
@@ -214,6 +217,19 @@ def encode_predict_v3(
     # One pack call for the whole header; struct caches the compiled format per n.
     header = struct.pack(f"<{n + 2}Q", code, n, *map(len, items))
     return [_EMPTY, _P_VERSION, _P_CONTENT, mid, _P_PREDICT, _U64.pack(8 * (n + 2)), header, *items]
+
+
+def encode_update_fast(
+    msg_id: int, input_type: InputType, items: Sequence[bytes], labels: Sequence[Any]
+) -> list[bytes]:
+    """Feedback for a model that learns online: the fast predict framing, request type
+    FAST_UPDATE, the labels in the meta frame."""
+    frames = encode_predict_fast(msg_id, input_type, items)
+    meta = orjson.loads(frames[5])
+    meta["labels"] = list(labels)
+    frames[4] = _U32.pack(RequestType.FAST_UPDATE)
+    frames[5] = orjson.dumps(meta, option=_JSON_OPTS)
+    return frames
 
 
 def encode_predict_fast(msg_id: int, input_type: InputType, items: Sequence[bytes]) -> list[bytes]:
@@ -270,6 +286,12 @@ def decode_frontend_message(frames: Sequence[Frame]) -> HeartbeatReply | Predict
         return _decode_predict_v3(frames, msg_id)
     if rtype == RequestType.FAST_PREDICT:
         return _decode_predict_fast(frames, msg_id)
+    if rtype == RequestType.FAST_UPDATE:
+        req = _decode_predict_fast(frames, msg_id)
+        labels = req.fast_meta.get("labels") if req.fast_meta is not None else None
+        if not isinstance(labels, list) or len(labels) != req.n:
+            raise WireError(f'frame 5 (fast meta): "labels" must be a list of {req.n} labels')
+        return replace(req, labels=labels)
     raise WireError(
         f"frame 4 (request type): expected {int(RequestType.PREDICT)} (predict) or "
         f"{int(RequestType.FAST_PREDICT)} (fast predict), got {rtype}"

@@ -197,9 +197,11 @@ class SqliteStore:
             self._conn = None
 
     def _get_sync(self, kind: str, key: str) -> str | None:
-        row = self._db().execute(
-            "SELECT value FROM clipper_store WHERE kind = ? AND key = ?", (kind, key)
-        ).fetchone()
+        row = (
+            self._db()
+            .execute("SELECT value FROM clipper_store WHERE kind = ? AND key = ?", (kind, key))
+            .fetchone()
+        )
         return None if row is None else str(row[0])
 
     def _load_sync(self) -> list[tuple[str, str, str]]:

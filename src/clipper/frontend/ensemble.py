@@ -1,0 +1,428 @@
+"""Queries and feedback for applications with a selection policy over several models.
+
+The policy chooses which linked models evaluate a query; each chosen model's output comes
+through the prediction cache and its own batching queue, exactly as for one model. At the
+deadline (or when all have answered) the policy combines the outputs that arrived: stragglers
+are left out, never waited for, and lower the confidence. Feedback joins the label with the
+models' cached predictions (re-requested when the cache no longer has them) and updates the
+policy's state, per user when a ``uid`` is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from clipper.errors import (
+    BadInputError,
+    ClipperError,
+    ConfigError,
+    DeadlineExceeded,
+    ReplicaError,
+    RequestError,
+)
+from clipper.inputs import parse_input
+from clipper.registry import Application
+from clipper.selection import SelectionPolicy, UserStates, make_loss, make_policy
+from clipper.selection.base import Loss, State
+
+if TYPE_CHECKING:
+    from clipper.frontend.query import QueryProcessor
+
+__all__ = [
+    "EnsembleQuery",
+    "Selection",
+    "SelectionRuntime",
+    "combine_one",
+    "parse_feedback",
+    "parse_uid",
+]
+
+log = logging.getLogger("clipper.selection")
+
+STATE_CAPACITY = 10_000
+FEEDBACK_WAIT_S = 5.0
+Persist = Callable[[str, str, State], None]  # (app, uid, state)
+Fetch = Callable[[str, str], Awaitable[Any]]  # (app, uid) -> the persisted state or None
+
+
+class Misconfigured(RequestError):
+    """The application's policy cannot work with its current links (e.g. an A/B split whose
+    weights name no linked model): answered 503 with the reason, not a crash."""
+
+    status = 503
+    error = "Service unavailable"
+
+
+class Selection:
+    """One application's policy over its linked models, and its users' states."""
+
+    def __init__(self, app: Application, models: list[str], states: UserStates | None) -> None:
+        self.app = app
+        self.models = tuple(models)
+        self.policy: SelectionPolicy = make_policy(app.policy, models, **app.policy_params)
+        if states is None:
+            states = UserStates(self.policy, capacity=STATE_CAPACITY)
+        else:
+            states.policy = self.policy  # links changed: states carry over (new models start fresh)
+        self.states = states
+        self.loss: Loss = make_loss(app.loss, scale=app.loss_scale)
+
+
+class SelectionRuntime:
+    """The selection layer of one frontend: a :class:`Selection` per application, rebuilt
+    when its links or settings change, and the persistence of user states."""
+
+    def __init__(
+        self,
+        proc: QueryProcessor,
+        *,
+        rng: random.Random | None = None,
+        persist: Persist | None = None,
+        fetch: Fetch | None = None,
+    ) -> None:
+        self.proc = proc
+        self.rng = rng or random.Random()
+        self.persist = persist
+        self.fetch = fetch  # async (app, uid) -> persisted state or None
+        self._by_app: dict[str, Selection] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def selection(self, app: Application) -> Selection:
+        models = self.proc.registry.links.get(app.name) or []
+        sel = self._by_app.get(app.name)
+        if sel is None or sel.app is not app or sel.models != tuple(models):
+            if not models:
+                raise BadInputError(
+                    f"application '{app.name}' has no linked model: there is nothing to "
+                    "select from or learn about"
+                )
+            try:
+                sel = Selection(app, list(models), sel.states if sel is not None else None)
+            except ConfigError as e:
+                raise Misconfigured(
+                    f"application '{app.name}' cannot select among its models: {e}"
+                ) from None
+            self._by_app[app.name] = sel
+        return sel
+
+    def forget(self, app_name: str) -> None:
+        self._by_app.pop(app_name, None)
+
+    async def state_for(self, sel: Selection, uid: str) -> State:
+        """The user's state: in memory, else the persisted copy, else a fresh one."""
+        if uid in sel.states:
+            return sel.states.get(uid)
+        stored = await self.fetch(sel.app.name, uid) if self.fetch is not None else None
+        if uid in sel.states:  # loaded meanwhile by a concurrent request
+            return sel.states.get(uid)
+        state = stored if isinstance(stored, dict) else sel.policy.init_state()
+        sel.states.put(uid, state)
+        return state
+
+    # -- queries -------------------------------------------------------------------------------
+    def predict(
+        self,
+        app: Application,
+        payloads: list[bytes],
+        uid: str,
+        respond: Callable[[int, bytes], None],
+        t0: float,
+    ) -> None:
+        sel = self.selection(app)
+        if uid in sel.states:
+            self._run(sel, sel.states.get(uid), payloads, respond, t0)
+            return
+
+        async def load_then_run() -> None:
+            state = await self.state_for(sel, uid)
+            self._run(sel, state, payloads, respond, t0)
+
+        self.spawn(load_then_run())
+
+    def _run(
+        self,
+        sel: Selection,
+        state: State,
+        payloads: list[bytes],
+        respond: Callable[[int, bytes], None],
+        t0: float,
+    ) -> None:
+        proc = self.proc
+        app = sel.app
+        chosen = sel.policy.select(state, self.rng)
+        deadline = t0 + app.slo_s
+        q = EnsembleQuery(
+            proc, sel, state, chosen, len(payloads), respond=respond, t0=t0, deadline=deadline
+        )
+        for model in chosen:
+            version = proc.registry.current.get(model)
+            sched = proc.schedulers.get((model, version or ""))
+            if version is None or sched is None or not sched.replicas:
+                gone = ReplicaError(f"no replica of model {model}:{version} is alive")
+                for i in range(q.n):
+                    q.fill(i, model, None, gone)
+                continue
+            submitted = False
+            for i, payload in enumerate(payloads):
+                submitted |= proc.submit(
+                    app, model, version, sched, payload, deadline, q.waiter(i, model)
+                )
+            if submitted:
+                sched.pump()
+        if q.respond is not None:
+            q.timer = asyncio.get_running_loop().call_later(
+                max(deadline - proc.clock.now(), 0.0), q.on_deadline
+            )
+
+    # -- feedback ----------------------------------------------------------------------------
+    def feedback(
+        self, app: Application, body: bytes, respond: Callable[[int, bytes], None]
+    ) -> None:
+        """Validate now (a bad request is answered 400 at once); learn in a task."""
+        item, label, uid = parse_feedback(app, body)
+        payload = parse_input(app.input_type, item)
+        sel = self.selection(app)
+        self.spawn(self._learn(sel, payload, label, uid, respond))
+
+    async def _learn(
+        self,
+        sel: Selection,
+        payload: bytes,
+        label: Any,
+        uid: str,
+        respond: Callable[[int, bytes], None],
+    ) -> None:
+        proc, app = self.proc, sel.app
+        try:
+            state = await self.state_for(sel, uid)
+            outputs: dict[str, Any] = {}
+            missing: list[tuple[str, str]] = []
+            for model in sel.models:
+                version = proc.registry.current.get(model)
+                if version is None:
+                    continue
+                cached = proc.cache.peek((model, version, payload))
+                if cached is not None:
+                    outputs[model] = cached
+                else:
+                    missing.append((model, version))
+            if missing:  # evicted or never asked: ask the models again
+                outputs.update(await self._ask(app, payload, missing))
+            if not outputs:
+                respond(
+                    503,
+                    orjson.dumps(
+                        {
+                            "error": "Service unavailable",
+                            "cause": "no linked model answered for this input, so the feedback "
+                            "cannot be joined with a prediction; retry when replicas are up",
+                        }
+                    ),
+                )
+                return
+            sel.policy.observe(state, outputs, label, sel.loss)
+            sel.states.put(uid, state)
+            if self.persist is not None:
+                self.persist(app.name, uid, state)
+            if app.online_learning and proc.on_feedback is not None:
+                proc.on_feedback(app, list(outputs), payload, label)
+            respond(200, b"Feedback received? 1")
+        except ClipperError as e:
+            respond(400, orjson.dumps({"error": "Feedback error", "cause": str(e)}))
+
+    async def _ask(
+        self, app: Application, payload: bytes, models: list[tuple[str, str]]
+    ) -> dict[str, Any]:
+        proc = self.proc
+        loop = asyncio.get_running_loop()
+        deadline = proc.clock.now() + max(app.slo_s, FEEDBACK_WAIT_S)
+        futures: dict[str, asyncio.Future[Any]] = {}
+        for model, version in models:
+            sched = proc.schedulers.get((model, version))
+            if sched is None or not sched.replicas:
+                continue
+            fut: asyncio.Future[Any] = loop.create_future()
+
+            def done(
+                value: object, err: BaseException | None, f: asyncio.Future[Any] = fut
+            ) -> None:
+                if not f.done():
+                    if err is None:
+                        f.set_result(value)
+                    else:
+                        f.set_exception(err)
+
+            futures[model] = fut
+            if proc.submit(app, model, version, sched, payload, deadline, done):
+                sched.pump()
+        if futures:
+            await asyncio.wait(futures.values(), timeout=deadline - proc.clock.now())
+        return {m: f.result() for m, f in futures.items() if f.done() and f.exception() is None}
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+
+class EnsembleQuery:
+    """One request to a multi-model application: ``n`` inputs by the chosen models."""
+
+    __slots__ = (
+        "app",
+        "chosen",
+        "deadline",
+        "errors",
+        "n",
+        "outputs",
+        "proc",
+        "remaining",
+        "respond",
+        "sel",
+        "state",
+        "t0",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        proc: QueryProcessor,
+        sel: Selection,
+        state: State,
+        chosen: list[str],
+        n: int,
+        *,
+        respond: Callable[[int, bytes], None],
+        t0: float,
+        deadline: float,
+    ) -> None:
+        self.proc = proc
+        self.sel = sel
+        self.app = sel.app
+        self.state = state
+        self.chosen = chosen
+        self.n = n
+        self.outputs: list[dict[str, Any]] = [{} for _ in range(n)]
+        self.errors: list[dict[str, BaseException]] = [{} for _ in range(n)]
+        self.remaining = n * len(chosen)
+        self.respond: Callable[[int, bytes], None] | None = respond
+        self.t0 = t0
+        self.deadline = deadline
+        self.timer: asyncio.TimerHandle | None = None
+
+    def waiter(self, i: int, model: str) -> Callable[[object, BaseException | None], None]:
+        def done(value: object, err: BaseException | None) -> None:
+            self.fill(i, model, value, err)
+
+        return done
+
+    def fill(self, i: int, model: str, value: object, err: BaseException | None) -> None:
+        if self.respond is None:
+            return
+        if model in self.outputs[i] or model in self.errors[i]:
+            return
+        if err is None:
+            self.outputs[i][model] = value
+        else:
+            self.errors[i][model] = err
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.finish()
+
+    def on_deadline(self) -> None:
+        self.timer = None
+        if self.respond is not None:
+            self.finish()
+
+    def finish(self) -> None:
+        respond = self.respond
+        assert respond is not None
+        self.respond = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        respond(200, self.proc.render_ensemble(self))
+
+
+def combine_one(q: EnsembleQuery, i: int) -> dict[str, Any]:
+    """The answer for input ``i``: combined outputs, or the default output and why."""
+    app, proc = q.app, q.proc
+    arrived = q.outputs[i]
+    missing = [m for m in q.chosen if m not in arrived]
+    for model in missing:
+        proc.metrics.missing.labels(app=app.name, model=model).inc()
+    if not arrived:
+        errors = q.errors[i]
+        if errors:
+            model, err = next(iter(errors.items()))
+            reason, why = proc.explain(model, err)
+        else:
+            reason, why = proc.explain("", DeadlineExceeded("no model answered in time"))
+        return _default(app, reason, why, [], 0.0)
+    combined = q.sel.policy.combine(q.state, arrived)
+    used = list(combined.used)
+    if combined.confidence < app.min_confidence:
+        return _default(
+            app,
+            "low_confidence",
+            f"Confidence {combined.confidence:.2f} is below the application's minimum "
+            f"{app.min_confidence:.2f} (models answering: {', '.join(used)})",
+            used,
+            combined.confidence,
+        )
+    return {
+        "output": combined.output,
+        "default": False,
+        "models": used,
+        "confidence": combined.confidence,
+    }
+
+
+def _default(
+    app: Application, reason: str, why: str, used: list[str], confidence: float
+) -> dict[str, Any]:
+    return {
+        "output": app.default_value,
+        "default": True,
+        "default_explanation": why,
+        "models": used,
+        "confidence": confidence,
+        "_reason": reason,
+    }
+
+
+def parse_feedback(app: Application, body: bytes) -> tuple[Any, Any, str]:
+    """(input item, label, uid) from ``{"input", "label", "uid"?}``."""
+    expected = '{"input": <input>, "label": <JSON value>, "uid": <string or int, optional>}'
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise BadInputError(f"Error parsing JSON: {e}. Expected JSON schema: {expected}") from None
+    if not isinstance(doc, dict) or "input" not in doc or "label" not in doc:
+        raise BadInputError(
+            "Error parsing JSON: feedback needs keys input and label. "
+            f"Expected JSON schema: {expected}"
+        )
+    return doc["input"], doc["label"], parse_uid(doc.get("uid"))
+
+
+def parse_uid(uid: Any) -> str:
+    if uid is None:
+        return ""
+    if isinstance(uid, bool) or not isinstance(uid, int | str):
+        raise BadInputError(
+            f'Error parsing JSON: "uid" must be a string or an integer, got {uid!r}'
+        )
+    return str(uid)

@@ -1,0 +1,234 @@
+"""Single-model bandit policies: one model is evaluated per query, feedback teaches which.
+
+* :class:`Exp3` - exponential weights with importance-weighted losses (Auer et al.), as in
+  Clipper: cheap (one evaluation), adversarial regret guarantees.
+* :class:`EpsilonGreedy` - the best mean loss so far, a uniformly random model with prob epsilon.
+* :class:`UCB1` - optimism: the best upper confidence bound on the mean reward (Auer et al. 2002).
+* :class:`Thompson` - Beta-Bernoulli Thompson sampling with fractional rewards.
+
+Every loss is clipped to [0, 1] first (see :mod:`clipper.selection.base`); the rewards of UCB1 and
+Thompson are ``1 - loss``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from clipper.selection.base import (
+    Combined,
+    Loss,
+    SelectionPolicy,
+    State,
+    count_feedback,
+    normalised,
+    read,
+    sample,
+    shift_to_zero,
+    table,
+)
+
+__all__ = ["UCB1", "EpsilonGreedy", "Exp3", "Thompson"]
+
+# Floor on the probability that divides Exp3's loss: a model we could not have drawn (p ~ 0, only
+# if the state moved between select and observe) must not send its log weight to -inf.
+_P_FLOOR = 1e-6
+
+
+class Exp3(SelectionPolicy):
+    """Exp3: draw model i with ``p_i = (1 - gamma) * w_i / sum(w) + gamma / K``; on feedback for
+    the drawn model, ``w_i *= exp(-eta * loss / p_i)``.
+
+    State: ``{"log_w": {model: float}, "n": int}``. Weights are kept as logs (no underflow after a
+    long run of losses) and shifted after each update so the best live model sits at 0; a model
+    missing from the state reads as 0, i.e. a newly linked model starts level with the best.
+
+    When ``observe`` gets outputs of several models (a caller that joined every cached
+    prediction), every loss is known, so each answered model gets the full-information (Hedge)
+    update ``w_i *= exp(-eta * loss_i)``: dividing by p_i is only right for the one drawn model.
+    """
+
+    name = "exp3"
+    accepts = ("eta", "gamma")
+
+    def __init__(self, models: Sequence[str], **params: Any) -> None:
+        super().__init__(models, **params)
+        self.eta = self._number(params, "eta", 0.1, low=0.0, low_open=True)
+        self.gamma = self._number(params, "gamma", 0.0, low=0.0, high=1.0)
+
+    def init_state(self) -> State:
+        return {"log_w": dict.fromkeys(self.models, 0.0), "n": 0}
+
+    def probabilities(self, state: State) -> dict[str, float]:
+        """Each model's probability of being drawn from ``state``."""
+        w = normalised([read(state, "log_w", m, 0.0) for m in self.models])
+        floor = self.gamma / len(self.models)
+        return {m: (1.0 - self.gamma) * wi + floor for m, wi in zip(self.models, w, strict=True)}
+
+    def select(self, state: State, rng: random.Random) -> list[str]:
+        p = self.probabilities(state)
+        return [sample(rng, self.models, [p[m] for m in self.models])]
+
+    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+        return self._combine_one(outputs)
+
+    def observe(self, state: State, outputs: Mapping[str, Any], label: Any, loss: Loss) -> None:
+        losses = self._losses(outputs, label, loss)
+        count_feedback(state)
+        if not losses:
+            return
+        if len(losses) == 1:
+            ((model, value),) = losses.items()
+            p = self.probabilities(state)[model]  # before this update, as Exp3 requires
+            steps = {model: self.eta * value / max(p, _P_FLOOR)}
+        else:
+            steps = {m: self.eta * value for m, value in losses.items()}
+        log_w = table(state, "log_w")
+        for m, step in steps.items():
+            log_w[m] = read(state, "log_w", m, 0.0) - step
+        shift_to_zero(log_w, self.models)
+
+
+class EpsilonGreedy(SelectionPolicy):
+    """With probability epsilon a uniformly random model; otherwise the lowest mean loss so far,
+    models never tried first (in order), ties to the earlier model.
+
+    State: ``{"count": {model: int}, "loss_sum": {model: float}, "n": int}``.
+    """
+
+    name = "epsilon_greedy"
+    accepts = ("epsilon",)
+
+    def __init__(self, models: Sequence[str], **params: Any) -> None:
+        super().__init__(models, **params)
+        self.epsilon = self._number(params, "epsilon", 0.1, low=0.0, high=1.0)
+
+    def init_state(self) -> State:
+        return {
+            "count": dict.fromkeys(self.models, 0),
+            "loss_sum": dict.fromkeys(self.models, 0.0),
+            "n": 0,
+        }
+
+    def mean_losses(self, state: State) -> dict[str, float | None]:
+        """Mean observed loss per model; None for a model never observed."""
+        out: dict[str, float | None] = {}
+        for m in self.models:
+            n = read(state, "count", m, 0)
+            out[m] = read(state, "loss_sum", m, 0.0) / n if n > 0 else None
+        return out
+
+    def select(self, state: State, rng: random.Random) -> list[str]:
+        # Always one draw first, so the rng advances the same way whichever branch is taken.
+        if rng.random() < self.epsilon:
+            return [self.models[rng.randrange(len(self.models))]]
+        means = self.mean_losses(state)
+        for m in self.models:
+            if means[m] is None:
+                return [m]
+        return [min(self.models, key=lambda m: means[m] or 0.0)]
+
+    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+        return self._combine_one(outputs)
+
+    def observe(self, state: State, outputs: Mapping[str, Any], label: Any, loss: Loss) -> None:
+        losses = self._losses(outputs, label, loss)
+        count_feedback(state)
+        counts, sums = table(state, "count"), table(state, "loss_sum")
+        for m, value in losses.items():
+            counts[m] = int(counts.get(m, 0)) + 1
+            sums[m] = float(sums.get(m, 0.0)) + value
+
+
+class UCB1(SelectionPolicy):
+    """UCB1: every model once (in order), then ``argmax mean_r + sqrt(2 ln N / n_i)`` with
+    rewards ``r = 1 - loss``; ties to the earlier model. No randomness.
+
+    State: ``{"count": {model: int}, "reward_sum": {model: float}, "n": int}``. N, the total
+    number of plays, is the sum of the live models' counts, so it stays right when models are
+    linked or unlinked.
+    """
+
+    name = "ucb1"
+    accepts = ()
+
+    def __init__(self, models: Sequence[str], **params: Any) -> None:
+        super().__init__(models, **params)
+
+    def init_state(self) -> State:
+        return {
+            "count": dict.fromkeys(self.models, 0),
+            "reward_sum": dict.fromkeys(self.models, 0.0),
+            "n": 0,
+        }
+
+    def scores(self, state: State) -> dict[str, float]:
+        """Upper confidence bound per model; +inf for a model never played."""
+        counts = {m: read(state, "count", m, 0) for m in self.models}
+        total = sum(counts.values())
+        out: dict[str, float] = {}
+        for m in self.models:
+            n = counts[m]
+            if n <= 0:
+                out[m] = math.inf
+            else:
+                mean = read(state, "reward_sum", m, 0.0) / n
+                out[m] = mean + math.sqrt(2.0 * math.log(total) / n)
+        return out
+
+    def select(self, state: State, rng: random.Random) -> list[str]:
+        s = self.scores(state)
+        return [max(self.models, key=lambda m: s[m])]  # max keeps the first of equals
+
+    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+        return self._combine_one(outputs)
+
+    def observe(self, state: State, outputs: Mapping[str, Any], label: Any, loss: Loss) -> None:
+        losses = self._losses(outputs, label, loss)
+        count_feedback(state)
+        counts, sums = table(state, "count"), table(state, "reward_sum")
+        for m, value in losses.items():
+            counts[m] = int(counts.get(m, 0)) + 1
+            sums[m] = float(sums.get(m, 0.0)) + (1.0 - value)
+
+
+class Thompson(SelectionPolicy):
+    """Thompson sampling: a Beta(alpha_i, beta_i) posterior per model, starting at (1, 1); each
+    query evaluates the model with the largest posterior draw. Feedback with reward
+    ``r = 1 - loss`` adds r to alpha and 1 - r to beta (fractional Bernoulli updates).
+
+    State: ``{"alpha": {model: float}, "beta": {model: float}, "n": int}``.
+    """
+
+    name = "thompson"
+    accepts = ()
+
+    def __init__(self, models: Sequence[str], **params: Any) -> None:
+        super().__init__(models, **params)
+
+    def init_state(self) -> State:
+        return {
+            "alpha": dict.fromkeys(self.models, 1.0),
+            "beta": dict.fromkeys(self.models, 1.0),
+            "n": 0,
+        }
+
+    def select(self, state: State, rng: random.Random) -> list[str]:
+        draws = {
+            m: rng.betavariate(read(state, "alpha", m, 1.0), read(state, "beta", m, 1.0))
+            for m in self.models
+        }
+        return [max(self.models, key=lambda m: draws[m])]
+
+    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+        return self._combine_one(outputs)
+
+    def observe(self, state: State, outputs: Mapping[str, Any], label: Any, loss: Loss) -> None:
+        losses = self._losses(outputs, label, loss)
+        count_feedback(state)
+        alpha, beta = table(state, "alpha"), table(state, "beta")
+        for m, value in losses.items():
+            alpha[m] = float(alpha.get(m, 1.0)) + (1.0 - value)
+            beta[m] = float(beta.get(m, 1.0)) + value

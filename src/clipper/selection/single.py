@@ -1,0 +1,32 @@
+"""``single``: always the first linked model (the original Clipper's default; no learning)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from clipper.selection.base import Combined, Loss, SelectionPolicy, State, count_feedback
+
+__all__ = ["SingleModel"]
+
+
+class SingleModel(SelectionPolicy):
+    name = "single"
+    accepts = ()
+
+    def __init__(self, models: Sequence[str], **params: Any) -> None:
+        super().__init__(models, **params)
+
+    def init_state(self) -> State:
+        return {"n": 0}
+
+    def select(self, state: State, rng: random.Random) -> list[str]:
+        return [self.models[0]]
+
+    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+        return self._combine_one(outputs)
+
+    def observe(self, state: State, outputs: Mapping[str, Any], label: Any, loss: Loss) -> None:
+        # Nothing to learn; the count only shows that feedback reaches the policy.
+        count_feedback(state)
