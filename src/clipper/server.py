@@ -25,12 +25,13 @@ from clipper.cache import PredictionCache
 from clipper.clock import Clock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.deployers import package
-from clipper.errors import ClipperError, NotFoundError, RegistryError, ReplicaError
+from clipper.errors import ClipperError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
 from clipper.frontend.ensemble import SelectionRuntime
-from clipper.frontend.http import JSON, HttpServer, Respond, json_response
+from clipper.frontend.http import HttpServer
 from clipper.frontend.metrics import Metrics
 from clipper.frontend.query import QueryProcessor
+from clipper.frontend.routes import AdminRoutes, QueryRoutes
 from clipper.inputs import InputType
 from clipper.managers.local import LocalManager
 from clipper.persistence import StoreSync
@@ -92,12 +93,12 @@ class Clipper:
             input_type_of=lambda r: r.scheduler.mv.input_type if r.scheduler else InputType.BYTES,
         )
         self.http = HttpServer(
-            self._route, host=config.host, port=config.query_port,
+            QueryRoutes(self), host=config.host, port=config.query_port,
             max_body_bytes=config.max_body_bytes,
         )  # fmt: skip
         self.admin = AdminApi(self)
         self.admin_http = HttpServer(
-            self._admin_route, host=config.admin_host, port=config.admin_port,
+            AdminRoutes(self), host=config.admin_host, port=config.admin_port,
             max_body_bytes=config.max_body_bytes,
         )  # fmt: skip
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -590,65 +591,6 @@ class Clipper:
                 await asyncio.wait_for(replica.drained.wait(), _DRAIN_TIMEOUT_S)
         self.rpc.remove(replica)
 
-    # -- routes ------------------------------------------------------------------------------
-    def _admin_route(
-        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
-    ) -> None:
-        token = self.config.admin_token
-        if token is not None and headers.get(b"authorization", b"") != b"Bearer " + token.encode():
-            respond(
-                401,
-                b'{"error": "Unauthorized", "cause": "this admin API needs the header '
-                b'Authorization: Bearer <token>"}',
-                JSON,
-            )
-            return
-        self.admin.route(method, path, headers, body, respond)
-
-    def _route(
-        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
-    ) -> None:
-        if method == b"POST":
-            app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
-            if verb == "predict" and app:
-                self.processor.predict(app, body, respond)
-                return
-            if verb == "update" and app:
-                self.processor.feedback(app, body, respond)
-                return
-        if method == b"GET":
-            if path == "/metrics":
-                if _metrics_as_json(headers):
-                    json_response(respond, 200, self.metrics.to_json())
-                else:
-                    respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
-                return
-            if path in ("/health", "/healthz", "/health/live"):
-                json_response(respond, 200, {"status": "ok"})
-                return
-            if path in ("/ready", "/health/ready"):
-                missing = self._unready()
-                json_response(
-                    respond, 200 if not missing else 503,
-                    {"ready": not missing, "models_without_replicas": missing},
-                )  # fmt: skip
-                return
-        raise NotFoundError(
-            f"no route for {method.decode()} {path}; expected POST /<app>/predict, "
-            "POST /<app>/update, GET /metrics, GET /health or GET /ready"
-        )
-
-    def _unready(self) -> list[str]:
-        out = []
-        for names in self.registry.links.values():
-            for name in names:
-                version = self.registry.current.get(name)
-                sched = self.schedulers.get((name, version or ""))
-                mv = self.registry.models.get(name, {}).get(version or "")
-                if mv is not None and mv.num_replicas and (sched is None or not sched.replicas):
-                    out.append(f"{name}:{version}")
-        return out
-
 
 def _input_type(t: str | InputType) -> InputType:
     if isinstance(t, InputType):
@@ -657,21 +599,3 @@ def _input_type(t: str | InputType) -> InputType:
         return InputType.parse(t)
     except ValueError as e:
         raise RegistryError(str(e)) from None
-
-
-def _metrics_as_json(headers: dict[bytes, bytes]) -> bool:
-    """``?format=json|prometheus`` decides; else Accept: Prometheus scrapers ask for
-    text/plain or OpenMetrics and get text, as does a client that sends no Accept; JSON
-    clients, and clients that take anything (the original clipper_admin's
-    ``inspect_instance()`` sends ``*/*`` and reads JSON), get JSON."""
-    query = headers.get(b":query", b"")
-    if b"format=json" in query:
-        return True
-    if b"format=prometheus" in query or b"format=text" in query:
-        return False
-    accept = headers.get(b"accept")
-    if accept is None:
-        return False
-    if b"application/json" in accept:
-        return True
-    return not (b"text/plain" in accept or b"openmetrics" in accept)

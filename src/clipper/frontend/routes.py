@@ -1,0 +1,107 @@
+"""The routes of the two HTTP ports: the query API (predict, feedback, metrics, health) and
+the admin API's token check in front of :class:`AdminApi`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from clipper.errors import NotFoundError
+from clipper.frontend.http import JSON, Respond, json_response
+
+if TYPE_CHECKING:
+    from clipper.server import Clipper
+
+__all__ = ["AdminRoutes", "QueryRoutes"]
+
+_PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+class QueryRoutes:
+    """Port 1337."""
+
+    def __init__(self, clipper: Clipper) -> None:
+        self.clipper = clipper
+        self._predict = clipper.processor.predict  # bound once: the hot path
+
+    def __call__(
+        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+    ) -> None:
+        if method == b"POST":
+            app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
+            if verb == "predict" and app:
+                self._predict(app, body, respond)
+                return
+            if verb == "update" and app:
+                self.clipper.processor.feedback(app, body, respond)
+                return
+        if method == b"GET":
+            if path == "/metrics":
+                if _metrics_as_json(headers):
+                    json_response(respond, 200, self.clipper.metrics.to_json())
+                else:
+                    respond(200, self.clipper.metrics.render(), _PROMETHEUS)
+                return
+            if path in ("/health", "/healthz", "/health/live"):
+                json_response(respond, 200, {"status": "ok"})
+                return
+            if path in ("/ready", "/health/ready"):
+                missing = self._unready()
+                json_response(
+                    respond, 200 if not missing else 503,
+                    {"ready": not missing, "models_without_replicas": missing},
+                )  # fmt: skip
+                return
+        raise NotFoundError(
+            f"no route for {method.decode()} {path}; expected POST /<app>/predict, "
+            "POST /<app>/update, GET /metrics, GET /health or GET /ready"
+        )
+
+    def _unready(self) -> list[str]:
+        out = []
+        for names in self.clipper.registry.links.values():
+            for name in names:
+                version = self.clipper.registry.current.get(name)
+                sched = self.clipper.schedulers.get((name, version or ""))
+                mv = self.clipper.registry.models.get(name, {}).get(version or "")
+                if mv is not None and mv.num_replicas and (sched is None or not sched.replicas):
+                    out.append(f"{name}:{version}")
+        return out
+
+
+class AdminRoutes:
+    """Port 1338: the bearer token, when one is configured, then the admin API."""
+
+    def __init__(self, clipper: Clipper) -> None:
+        self.clipper = clipper
+
+    def __call__(
+        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+    ) -> None:
+        token = self.clipper.config.admin_token
+        if token is not None and headers.get(b"authorization", b"") != b"Bearer " + token.encode():
+            respond(
+                401,
+                b'{"error": "Unauthorized", "cause": "this admin API needs the header '
+                b'Authorization: Bearer <token>"}',
+                JSON,
+            )
+            return
+        self.clipper.admin.route(method, path, headers, body, respond)
+
+
+def _metrics_as_json(headers: dict[bytes, bytes]) -> bool:
+    """``?format=json|prometheus`` decides; else Accept: Prometheus scrapers ask for
+    text/plain or OpenMetrics and get text, as does a client that sends no Accept; JSON
+    clients, and clients that take anything (the original clipper_admin's
+    ``inspect_instance()`` sends ``*/*`` and reads JSON), get JSON."""
+    query = headers.get(b":query", b"")
+    if b"format=json" in query:
+        return True
+    if b"format=prometheus" in query or b"format=text" in query:
+        return False
+    accept = headers.get(b"accept")
+    if accept is None:
+        return False
+    if b"application/json" in accept:
+        return True
+    return not (b"text/plain" in accept or b"openmetrics" in accept)
