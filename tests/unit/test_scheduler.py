@@ -403,3 +403,15 @@ async def test_submit_counts_the_running_batch_when_every_replica_is_busy(
     # 100 ms for its own batch fits a 150 ms SLO, but not after the 100 ms running ahead of it
     with pytest.raises(OverloadedError, match=r"about 200\.0 ms of work"):
         h.sched.submit(h.task(b"behind", slo_s=0.15))
+
+
+async def test_a_free_replica_and_an_empty_queue_always_admit(harness_factory: Any) -> None:
+    # A cold first batch made the model look slower than any SLO; shedding everything from
+    # then on would never measure it again.
+    h = harness_factory(batching=fixed(1))
+    h.replica()
+    h.submit(b"cold")
+    h.clock.advance(0.5)
+    h.respond(0)
+    h.sched.submit(h.task(b"next", slo_s=0.15))  # admitted: measured again
+    assert len(h.sched.queue) == 1

@@ -157,14 +157,17 @@ class ModelScheduler:
         """Queue one input; the caller pumps once after queueing a request's inputs.
         Raises :class:`OverloadedError` when the query could not meet its deadline."""
         q = self.queue
-        if self._capacity_rps > 0.0:
-            # the batches queued ahead and its own, plus, when every replica is busy, the
-            # batch running now
+        if self._capacity_rps > 0.0 and (q or self._free_replica() is None):
+            # The batches queued ahead and its own, plus, when every replica is busy, what is
+            # left of the batches running now. An empty queue with a free replica always
+            # admits: that is also how a model whose estimate went stale (a slow first batch)
+            # gets measured again instead of shedding forever.
             wait = (len(q) + 1) / self._capacity_rps
             late = task.enqueued_at + wait > task.deadline
             if not late and task.enqueued_at + wait + self._batch_latency > task.deadline:
-                late = self._free_replica() is None
-                wait += self._batch_latency
+                running = self._running_remaining(task.enqueued_at)
+                late = task.enqueued_at + wait + running > task.deadline
+                wait += running
             if late:
                 raise OverloadedError(
                     f"model {self.mv.name}:{self.mv.version} has {len(q)} queries queued, "
@@ -174,6 +177,19 @@ class ModelScheduler:
             raise OverloadedError(
                 f"model {self.mv.name}:{self.mv.version} queue is full ({q.capacity} queries)"
             )
+
+    def _running_remaining(self, now: float) -> float:
+        """How long until a replica frees up: the shortest expected remainder of the batches
+        in flight, priced at their real sizes (0.0 when a replica is free)."""
+        best = float("inf")
+        for r in self.replicas:
+            if len(r.in_flight) < self._in_flight_cap and not r.draining:
+                return 0.0
+            c = r.controller
+            assert c is not None
+            for tasks, sent_at in r.in_flight.values():
+                best = min(best, max(c.typical_latency(len(tasks)) - (now - sent_at), 0.0))
+        return 0.0 if best == float("inf") else best
 
     def _update_capacity(self) -> None:
         """Inputs per second all replicas can take: the basis of shedding at admission
