@@ -86,6 +86,9 @@ class FrontendConfig:
     # "redis://host:port/db" (shared by several frontends).
     store: str = "memory://"
     python: str | None = None
+    # Containers run this much below the frontend's CPU priority: when models and the frontend
+    # compete for cores, the event loop that keeps every deadline gets them first.
+    container_nice: int = 5
     # The admin API changes what is served: loopback only, unless a bearer token guards it.
     admin_host: str = "127.0.0.1"
     admin_port: int = 1338

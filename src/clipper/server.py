@@ -117,6 +117,7 @@ class Clipper:
             heartbeat_interval_s=config.heartbeat_interval_s,
             python=config.python,
             on_exit=self._process_exited,
+            nice=config.container_nice,
             drain=self._drain_token,
         )
         self._replica_ids: dict[tuple[str, str], itertools.count[int]] = {}

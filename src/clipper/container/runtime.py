@@ -499,11 +499,19 @@ def _parser() -> argparse.ArgumentParser:
         help="opaque slot token sent with the metadata (set by the local manager) "
         "[CLIPPER_REPLICA_TOKEN]",
     )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=int(_env("CLIPPER_NICE", "0") or 0),
+        help="lower this process's CPU priority by this much [CLIPPER_NICE]",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.nice > 0:
+        os.nice(args.nice)
     try:
         input_type = InputType.parse(args.input_type)
     except ValueError as e:

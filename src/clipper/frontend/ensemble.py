@@ -177,7 +177,7 @@ class SelectionRuntime:
                 sched.pump()
         if q.respond is not None:
             q.timer = asyncio.get_running_loop().call_later(
-                max(deadline - proc.clock.now(), 0.0), q.on_deadline
+                max(deadline - app.answer_margin_s - proc.clock.now(), 0.0), q.on_deadline
             )
 
     # -- feedback ----------------------------------------------------------------------------

@@ -265,7 +265,7 @@ class QueryProcessor:
             sched.pump()
         if q.respond is not None and q.remaining:
             q.timer = self._loop().call_later(
-                max(q.deadline - self.clock.now(), 0.0), q.on_deadline
+                max(q.deadline - q.app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
             )
 
     def _loop(self) -> asyncio.AbstractEventLoop:

@@ -70,6 +70,7 @@ class LocalManager:
         python: str | None = None,
         on_exit: OnExit | None = None,
         drain: Drain | None = None,
+        nice: int = 0,
     ) -> None:
         self._rpc_host = rpc_host
         self._rpc_port = rpc_port
@@ -78,6 +79,7 @@ class LocalManager:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.python = python or sys.executable
         self.on_exit = on_exit
+        self.nice = nice
         self.drain = drain
         self._groups: dict[tuple[str, str], list[ReplicaProcess]] = {}
         self._generation = 0
@@ -147,6 +149,7 @@ class LocalManager:
             "--heartbeat-interval", str(self.heartbeat_interval_s),
             "--parent-pid", str(os.getpid()),
             "--replica-token", proc.token,
+            "--nice", str(self.nice),
         ]  # fmt: skip
 
     def _env(self) -> dict[str, str]:

@@ -1,0 +1,78 @@
+"""Shared helpers of the experiments: the digits data, markdown tables, and the plots.
+
+The scripts run as ``python experiments/<name>.py``, so this module is imported as ``common``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 8x8 digits (1797 images, 64 features in 0..16, labels 0..9)."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.int64)
+
+
+def split(y: np.ndarray, sizes: Sequence[int], seed: int) -> list[np.ndarray]:
+    """Disjoint stratified index sets of the given sizes; the rest of the data comes last."""
+    from sklearn.model_selection import train_test_split
+
+    rest = np.arange(len(y))
+    parts: list[np.ndarray] = []
+    for i, n in enumerate(sizes):
+        part, rest = train_test_split(
+            rest, train_size=n, random_state=seed * 1000 + i, stratify=y[rest]
+        )
+        parts.append(np.asarray(part))
+    parts.append(np.asarray(rest))
+    return parts
+
+
+def as_labels(pred: np.ndarray) -> list[int]:
+    """Predictions as plain ints (what a container would send as JSON)."""
+    return [int(v) for v in pred]
+
+
+def pct(x: float, digits: int = 1) -> str:
+    return f"{100.0 * x:.{digits}f}%"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; cells are written with ``str``."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, or None (with a hint) when it is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("(matplotlib is not installed: no plot; `pip install matplotlib`)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, name: str) -> Path:
+    """Write ``fig`` to ``experiments/results/<name>`` and close it."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
