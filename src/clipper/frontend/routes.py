@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from clipper.errors import NotFoundError
+from clipper.frontend import v2
 from clipper.frontend.http import JSON, Respond, json_response
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class QueryRoutes:
                     {"ready": not missing, "models_without_replicas": missing},
                 )  # fmt: skip
                 return
+        if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol (V2)
+            v2.handle(self.clipper, method, path, headers, body, respond)
+            return
         raise NotFoundError(
             f"no route for {method.decode()} {path}; expected POST /<app>/predict, "
             "POST /<app>/update, GET /metrics, GET /health or GET /ready"
