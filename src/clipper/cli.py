@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         "--admin-port", type=int, default=int(_env("ADMIN_PORT", 1338)), help="[CLIPPER_ADMIN_PORT]"
     )
     s.add_argument(
+        "--grpc-port",
+        type=int,
+        default=int(_env("GRPC_PORT", 8001)),
+        help="Open Inference Protocol gRPC port; -1 turns it off [CLIPPER_GRPC_PORT]",
+    )
+    s.add_argument(
         "--admin-token",
         default=_env("ADMIN_TOKEN", None),
         help="bearer token the admin API requires [CLIPPER_ADMIN_TOKEN]",
@@ -146,6 +152,7 @@ def _start(args: argparse.Namespace) -> int:
             admin_host=args.admin_host,
             admin_port=args.admin_port,
             admin_token=args.admin_token,
+            grpc_port=None if args.grpc_port < 0 else args.grpc_port,
             state_dir=Path(args.state_dir).expanduser(),
             store=args.store or f"sqlite:///{Path(args.state_dir).expanduser()}",
             cache_bytes=args.cache_bytes,

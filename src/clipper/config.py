@@ -93,6 +93,9 @@ class FrontendConfig:
     admin_host: str = "127.0.0.1"
     admin_port: int = 1338
     admin_token: str | None = None
+    # The Open Inference Protocol's gRPC service; None = off (the embedded default, so tests and
+    # notebooks bind nothing extra; `clipper start` serves it on 8001).
+    grpc_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.admin_host not in _LOOPBACK and not self.admin_token:
@@ -101,8 +104,10 @@ class FrontendConfig:
                 "set an admin token (--admin-token or CLIPPER_ADMIN_TOKEN) or bind it to "
                 "127.0.0.1"
             )
-        for name in ("query_port", "rpc_port", "admin_port"):
+        for name in ("query_port", "rpc_port", "admin_port", "grpc_port"):
             port = getattr(self, name)
+            if port is None:
+                continue
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {port}")
         if self.max_body_bytes < 64:

@@ -18,7 +18,7 @@ import signal
 import tempfile
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import PredictionCache
@@ -39,6 +39,9 @@ from clipper.registry import Application, Change, ModelVersion, Registry
 from clipper.rpc import wire
 from clipper.rpc.server import RpcServer
 from clipper.store.base import Store, open_store
+
+if TYPE_CHECKING:
+    from clipper.frontend.grpc.server import V2GrpcServer
 
 __all__ = ["Clipper"]
 
@@ -101,6 +104,12 @@ class Clipper:
             AdminRoutes(self), host=config.admin_host, port=config.admin_port,
             max_body_bytes=config.max_body_bytes,
         )  # fmt: skip
+        self.grpc: V2GrpcServer | None = None
+        if config.grpc_port is not None:
+            # Imported only when served: grpc is heavy, and containers import this package.
+            from clipper.frontend.grpc.server import V2GrpcServer
+
+            self.grpc = V2GrpcServer(self, host=config.host, port=config.grpc_port)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if config.state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="clipper-")
@@ -148,6 +157,12 @@ class Clipper:
             await self.http.start()
             try:
                 await self.admin_http.start()
+                if self.grpc is not None:
+                    try:
+                        await self.grpc.start()
+                    except BaseException:
+                        await self.admin_http.stop()
+                        raise
             except BaseException:
                 await self.http.stop()
                 raise
@@ -178,6 +193,8 @@ class Clipper:
         if self.processor.selection is not None:
             await self.processor.selection.stop()
         await self.manager.stop_all()
+        if self.grpc is not None:
+            await self.grpc.stop()
         await self.admin_http.stop()
         await self.http.stop()
         for sched in self.schedulers.values():
