@@ -332,3 +332,23 @@ async def test_binary_tensor_data_in(clipper: Clipper) -> None:
     resp = await request(url, "POST", header + raw, headers=hdrs)
     assert resp.status == 400
     assert "Inference-Header-Content-Length" in resp.json()["error"]
+
+
+async def test_the_timeout_parameter_narrows_the_slo(clipper: Clipper) -> None:
+    await clipper.deploy_model("slow", "1", models.slow_sums, input_type="doubles")
+    clipper.register_application("slowapp", "doubles", "-1.0", SLO_US)  # 2 s
+    clipper.link_model_to_app("slowapp", "slow")
+    url = v2_url(clipper, "/models/slowapp/infer")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    resp = await post_json(
+        url, {"inputs": [tensor([[1.0]], [1, 1])], "parameters": {"timeout": 50_000}}
+    )
+    elapsed = loop.time() - t0
+    assert resp.status == 200, resp.body
+    assert 0.04 <= elapsed < 0.25  # 50 ms, not the app's 2 s nor the model's 300 ms
+    assert resp.json()["parameters"]["default"] is True
+    bad = await post_json(
+        url, {"inputs": [tensor([[1.0]], [1, 1])], "parameters": {"timeout": "x"}}
+    )
+    assert bad.status == 400 and b"timeout" in bad.body

@@ -126,37 +126,39 @@ class SelectionRuntime:
         return state
 
     # -- queries -------------------------------------------------------------------------------
-    def predict(
+    def predict(  # noqa: PLR0917 (called per query)
         self,
         app: Application,
         payloads: list[bytes],
         uid: str,
         respond: Callable[[int, bytes], None],
         t0: float,
+        slo_s: float,
     ) -> None:
         sel = self.selection(app)
         if uid in sel.states:
-            self._run(sel, sel.states.get(uid), payloads, respond, t0)
+            self._run(sel, sel.states.get(uid), payloads, respond, t0, slo_s)
             return
 
         async def load_then_run() -> None:
             state = await self.state_for(sel, uid)
-            self._run(sel, state, payloads, respond, t0)
+            self._run(sel, state, payloads, respond, t0, slo_s)
 
         self.spawn(load_then_run())
 
-    def _run(
+    def _run(  # noqa: PLR0917 (called per query)
         self,
         sel: Selection,
         state: State,
         payloads: list[bytes],
         respond: Callable[[int, bytes], None],
         t0: float,
+        slo_s: float,
     ) -> None:
         proc = self.proc
         app = sel.app
         chosen = sel.policy.select(state, self.rng)
-        deadline = t0 + app.slo_s
+        deadline = t0 + slo_s
         q = EnsembleQuery(
             proc, sel, state, chosen, len(payloads), respond=respond, t0=t0, deadline=deadline
         )

@@ -191,7 +191,9 @@ class QueryProcessor:
         self._cache_metrics: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     # -- the predict route -------------------------------------------------------------------
-    def predict(self, app_name: str, body: bytes, respond: Respond) -> None:
+    def predict(
+        self, app_name: str, body: bytes, respond: Respond, *, slo_s: float | None = None
+    ) -> None:
         """Answer ``POST /{app}/predict``. Raises :class:`RequestError` for bad requests
         (nothing has been queued then); otherwise ``respond`` is called exactly once."""
         t0 = self.clock.now()
@@ -210,8 +212,9 @@ class QueryProcessor:
         linked = self.registry.links.get(app_name) or []
         if version is not None and len(linked) > 1:
             raise QueryProcessingError(f"Too many models linked to application {app_name}")
+        budget = app.slo_s if slo_s is None else min(app.slo_s, slo_s)
         if app.policy != "single" and linked and self.selection is not None:
-            self.selection.predict(app, payloads, uid, respond, t0)
+            self.selection.predict(app, payloads, uid, respond, t0, budget)
             return
         model_name = linked[0] if linked else ""
         q = _Query(self, app, len(payloads), respond=respond, t0=t0, model=model_name)
@@ -252,7 +255,7 @@ class QueryProcessor:
             q.remaining = 0
             q.finish()
             return
-        q.deadline = t0 + app.slo_s
+        q.deadline = t0 + budget
         q.payloads = payloads
         q.sched = sched
         q.version = version

@@ -249,6 +249,13 @@ def _infer(  # noqa: PLR0917
     params = doc.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise BadInputError('"parameters" must be an object')
+    slo_s: float | None = None
+    timeout = (params or {}).get("timeout")
+    if timeout is not None:
+        # The protocol's request timeout, in microseconds: it narrows the application's SLO.
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
+            raise BadInputError('parameter "timeout" must be a positive integer (microseconds)')
+        slo_s = timeout / 1e6
     _check_outputs(doc.get("outputs"))
     rows = _rows(app, doc.get("inputs"), binary)
     query: dict[str, Any] = {"input_batch": rows}
@@ -268,7 +275,7 @@ def _infer(  # noqa: PLR0917
             return
         respond(200, _render(app.name, model_version, req_id, data), JSON)
 
-    clipper.processor.predict(app.name, orjson.dumps(query), answer)
+    clipper.processor.predict(app.name, orjson.dumps(query), answer, slo_s=slo_s)
 
 
 def _check_outputs(outputs: Any) -> None:
