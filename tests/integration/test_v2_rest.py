@@ -352,3 +352,21 @@ async def test_the_timeout_parameter_narrows_the_slo(clipper: Clipper) -> None:
         url, {"inputs": [tensor([[1.0]], [1, 1])], "parameters": {"timeout": "x"}}
     )
     assert bad.status == 400 and b"timeout" in bad.body
+
+
+async def test_binary_outputs_follow_the_json_header(clipper: Clipper) -> None:
+    body = orjson.dumps(
+        {
+            "inputs": [tensor([[1.0, 2.0], [3.0, 4.5]], [2, 2])],
+            "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+        }
+    )
+    resp = await request(v2_url(clipper, "/models/doubles/infer"), "POST", body)
+    assert resp.status == 200, resp.body
+    assert resp.headers["content-type"] == "application/octet-stream"
+    n = int(resp.headers["inference-header-content-length"])
+    header, raw = orjson.loads(resp.body[:n]), resp.body[n:]
+    (out,) = header["outputs"]
+    assert "data" not in out
+    assert out["parameters"] == {"binary_data_size": len(raw)} and out["datatype"] == "FP64"
+    assert np.frombuffer(raw, dtype="<f8").tolist() == [3.0, 7.5]

@@ -27,6 +27,10 @@ log = logging.getLogger("clipper.http")
 
 
 class Respond(Protocol):
+    """``respond(status, body[, content_type])``. ``content_type`` may carry further header
+    lines after it, CRLF-separated (the V2 binary extension's Inference-Header-Content-Length);
+    routes build it themselves, never from request data."""
+
     def __call__(self, status: int, data: bytes, content_type: bytes = ..., /) -> None: ...
 
 

@@ -269,13 +269,36 @@ def _infer(  # noqa: PLR0917
         model = _single_model(clipper, app)
         model_version = clipper.registry.current.get(model, "") if model else ""
 
+    binary_out = _wants_binary(doc.get("outputs"), params)
+
     def answer(status: int, data: bytes) -> None:
         if status != 200:
             respond(status, _as_v2_error(data), JSON)
             return
-        respond(200, _render(app.name, model_version, req_id, data), JSON)
+        header, raw = _render(app.name, model_version, req_id, data, binary=binary_out)
+        if raw is None:
+            respond(200, header, JSON)
+        else:
+            respond(
+                200,
+                header + raw,
+                b"application/octet-stream\r\nInference-Header-Content-Length: %d" % len(header),
+            )
 
     clipper.processor.predict(app.name, orjson.dumps(query), answer, slo_s=slo_s)
+
+
+def _wants_binary(outputs: Any, params: dict[str, Any] | None) -> bool:
+    """Triton's binary extension: the output as raw bytes after the JSON header, when the
+    request asks for it per output or with ``binary_data_output``."""
+    if params and params.get("binary_data_output") is True:
+        return True
+    return isinstance(outputs, list) and any(
+        isinstance(o, dict)
+        and isinstance(o.get("parameters"), dict)
+        and o["parameters"].get("binary_data") is True
+        for o in outputs
+    )
 
 
 def _check_outputs(outputs: Any) -> None:
@@ -289,7 +312,6 @@ def _check_outputs(outputs: Any) -> None:
             raise BadInputError(
                 f"unknown output {name!r}: the only output tensor is '{OUTPUT_NAME}'"
             )
-    # A requested "binary_data" output is answered as JSON, which clients read as well.
 
 
 def _rows(app: Application, inputs: Any, binary: bytes) -> list[Any]:
@@ -448,7 +470,10 @@ def _as_v2_error(data: bytes) -> bytes:
     return orjson.dumps({"error": str(doc)})
 
 
-def _render(app: str, version: str, req_id: str | None, data: bytes) -> bytes:
+def _render(
+    app: str, version: str, req_id: str | None, data: bytes, *, binary: bool = False
+) -> tuple[bytes, bytes | None]:
+    """The V2 response's JSON, and the output's raw bytes when it goes as binary data."""
     doc = orjson.loads(data)
     preds: list[dict[str, Any]] = doc.get("batch_predictions", [doc])
     outputs = [p.get("output") for p in preds]
@@ -463,8 +488,28 @@ def _render(app: str, version: str, req_id: str | None, data: bytes) -> bytes:
                 p.get("default_explanation") if p.get("default") else None for p in preds
             ],
         }
-    out["outputs"] = [{"name": OUTPUT_NAME, "datatype": datatype, "shape": shape, "data": flat}]
-    return orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)
+    tensor: dict[str, Any] = {"name": OUTPUT_NAME, "datatype": datatype, "shape": shape}
+    raw: bytes | None = None
+    if binary:
+        raw = _raw_tensor(datatype, flat)
+        tensor["parameters"] = {"binary_data_size": len(raw)}
+    else:
+        tensor["data"] = flat
+    out["outputs"] = [tensor]
+    return orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY), raw
+
+
+def _raw_tensor(datatype: str, flat: list[Any]) -> bytes:
+    """Little-endian elements; BYTES elements as a 4-byte length and the bytes (Triton's)."""
+    if datatype == "INT64":
+        return np.asarray(flat, dtype="<i8").tobytes()
+    if datatype == "FP64":
+        return np.asarray(flat, dtype="<f8").tobytes()
+    parts = []
+    for text in flat:
+        b = text.encode()
+        parts.append(struct.pack("<I", len(b)) + b)
+    return b"".join(parts)
 
 
 def _is_int(v: Any) -> bool:
