@@ -157,17 +157,20 @@ class ModelScheduler:
         """Queue one input; the caller pumps once after queueing a request's inputs.
         Raises :class:`OverloadedError` when the query could not meet its deadline."""
         q = self.queue
-        if self._capacity_rps > 0.0 and (q or self._free_replica() is None):
+        if self._capacity_rps > 0.0:
             # The batches queued ahead and its own, plus, when every replica is busy, what is
             # left of the batches running now. An empty queue with a free replica always
             # admits: that is also how a model whose estimate went stale (a slow first batch)
-            # gets measured again instead of shedding forever.
+            # gets measured again instead of shedding forever. (The replica scan runs only
+            # when the cheap estimate is already late: this is the query path.)
             wait = (len(q) + 1) / self._capacity_rps
             late = task.enqueued_at + wait > task.deadline
             if not late and task.enqueued_at + wait + self._batch_latency > task.deadline:
                 running = self._running_remaining(task.enqueued_at)
                 late = task.enqueued_at + wait + running > task.deadline
                 wait += running
+            if late and not q and self._free_replica() is not None:
+                late = False
             if late:
                 raise OverloadedError(
                     f"model {self.mv.name}:{self.mv.version} has {len(q)} queries queued, "
