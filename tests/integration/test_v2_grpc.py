@@ -205,3 +205,77 @@ async def test_bad_raw_tensor_is_invalid_argument(served: tuple[Clipper, str]) -
     assert err is not None
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "48 bytes" in err.details()
+
+
+async def test_overload_is_unavailable() -> None:
+    """An application that answers overload with an error (``overload="reject"``): queries
+    beyond one running batch and a queue of 2 are refused at once with UNAVAILABLE, the others
+    are answered."""
+    import grpc
+    import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    capacity, n = 2, 10
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, grpc_port=0, queue_capacity=capacity
+    ) as c:
+        one_at_a_time = BatchingConfig(controller="fixed", max_batch_size=1, max_wait_micros=0)
+        await c.deploy_model(
+            "slow", "1", models.slow_sums, input_type="doubles", batching=one_at_a_time
+        )
+        c.register_application("busy", "doubles", "-1.0", 5_000_000, overload="reject")
+        c.link_model_to_app("busy", "slow")
+        assert c.grpc is not None
+        client = aioclient.InferenceServerClient(url=f"127.0.0.1:{c.grpc.port}")
+
+        async def infer(i: int) -> Any:
+            x = np.full((1, 2), float(i))
+            inp = aioclient.InferInput("input", [1, 2], "FP64")
+            inp.set_data_from_numpy(x)
+            try:
+                return await client.infer("busy", [inp])
+            except InferenceServerException as e:
+                return e
+
+        try:
+            results = await asyncio.gather(*(infer(i) for i in range(n)))
+        finally:
+            await client.close()
+    refused = [r for r in results if isinstance(r, InferenceServerException)]
+    answered = [r for r in results if not isinstance(r, InferenceServerException)]
+    assert len(answered) == 1 + capacity
+    assert len(refused) == n - 1 - capacity
+    for e in refused:
+        assert e.status() == str(grpc.StatusCode.UNAVAILABLE)
+        assert "queue is full" in (e.message() or ""), e.message()
+    for i, r in enumerate(results):
+        if not isinstance(r, InferenceServerException):
+            assert r.as_numpy("output").tolist() == [2.0 * i]
+
+
+async def test_model_config(served: tuple[Clipper, str]) -> None:
+    import grpc
+    from tritonclient.utils import InferenceServerException
+
+    c, url = served
+
+    def config(client: Any) -> Any:
+        return client.get_model_config("doubles", as_json=True)["config"]
+
+    doc = await asyncio.to_thread(_call, url, config)
+    assert doc["name"] == "doubles"
+    assert doc["max_batch_size"] == c.config.queue_capacity
+    assert doc["input"] == [{"name": "input", "data_type": "TYPE_FP64", "dims": ["-1"]}]
+    assert doc["output"][0]["data_type"] == "TYPE_FP64"
+    assert doc["dynamic_batching"] == {"max_queue_delay_microseconds": "2000"}
+
+    def unknown(client: Any) -> Any:
+        try:
+            client.get_model_config("nope")
+        except InferenceServerException as e:
+            return e
+        return None
+
+    err = await asyncio.to_thread(_call, url, unknown)
+    assert err is not None
+    assert err.status() == str(grpc.StatusCode.NOT_FOUND)

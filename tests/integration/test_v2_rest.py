@@ -370,3 +370,58 @@ async def test_binary_outputs_follow_the_json_header(clipper: Clipper) -> None:
     assert "data" not in out
     assert out["parameters"] == {"binary_data_size": len(raw)} and out["datatype"] == "FP64"
     assert np.frombuffer(raw, dtype="<f8").tolist() == [3.0, 7.5]
+
+
+async def test_model_config(clipper: Clipper) -> None:
+    """Triton's model configuration extension, which perf_analyzer reads before a run."""
+    resp = await request(v2_url(clipper, "/models/doubles/config"))
+    assert resp.status == 200, resp.body
+    doc = resp.json()
+    assert doc["name"] == "doubles"
+    assert doc["max_batch_size"] == clipper.config.queue_capacity
+    assert doc["input"] == [{"name": "input", "data_type": "TYPE_FP64", "dims": [-1]}]
+    assert doc["output"] == [{"name": "output", "data_type": "TYPE_FP64", "dims": [-1]}]
+    assert doc["dynamic_batching"] == {"max_queue_delay_microseconds": 2000}
+    words = (await request(v2_url(clipper, "/models/words/versions/1/config"))).json()
+    assert words["input"][0]["data_type"] == "TYPE_STRING"
+    lonely = (await request(v2_url(clipper, "/models/lonely-int/config"))).json()
+    assert lonely["input"][0]["data_type"] == "TYPE_INT32"
+    assert "dynamic_batching" not in lonely  # no model linked
+    resp = await request(v2_url(clipper, "/models/nope/config"))
+    assert resp.status == 404
+    assert "nope" in resp.json()["error"]
+
+
+def _binary(arr: np.ndarray, datatype: str) -> tuple[bytes, dict[str, str]]:
+    raw = arr.tobytes()
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(arr.shape),
+                    "datatype": datatype,
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ]
+        }
+    )
+    return header + raw, {"Inference-Header-Content-Length": str(len(header))}
+
+
+async def test_binary_elements_convert_to_the_application_type(clipper: Clipper) -> None:
+    body, hdrs = _binary(np.array([[1, 2], [3, -4]], dtype="<i8"), "INT64")
+    resp = await request(v2_url(clipper, "/models/doubles/infer"), "POST", body, headers=hdrs)
+    assert resp.status == 200, resp.body
+    assert resp.json()["outputs"][0]["data"] == [3.0, -1.0]
+    # Into a 32-bit integer application, a 64-bit element out of its range is refused.
+    body, hdrs = _binary(np.array([[1, 2**40]], dtype="<i8"), "INT64")
+    resp = await request(v2_url(clipper, "/models/lonely-int/infer"), "POST", body, headers=hdrs)
+    assert resp.status == 400
+    assert "out of range for 32-bit integers" in resp.json()["error"]
+    # Non-finite floats are tensor data like any other (perf_analyzer's random data has them):
+    # accepted, here answered with the default output of an application without a model.
+    body, hdrs = _binary(np.array([[np.nan, np.inf]], dtype="<f4"), "FP32")
+    resp = await request(v2_url(clipper, "/models/lonely/infer"), "POST", body, headers=hdrs)
+    assert resp.status == 200, resp.body
+    assert resp.json()["parameters"]["default"] is True

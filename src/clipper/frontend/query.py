@@ -209,6 +209,21 @@ class QueryProcessor:
         bools = b"e" in body
         itype = app.input_type
         payloads = [parse_input(itype, item, may_hold_bools=bools) for item in items]
+        self.predict_payloads(app, payloads, version, uid, respond, t0, slo_s)
+
+    def predict_payloads(  # noqa: PLR0917 (the hot path: no keyword packing)
+        self,
+        app: Application,
+        payloads: list[bytes],
+        version: str | None,
+        uid: str,
+        respond: Respond,
+        t0: float,
+        slo_s: float | None = None,
+    ) -> None:
+        """Answer inputs already in their wire form (what :func:`parse_input` makes): the
+        rest of :meth:`predict`, shared with the V2 protocol, whose tensors need no JSON."""
+        app_name = app.name
         linked = self.registry.links.get(app_name) or []
         if version is not None and len(linked) > 1:
             raise QueryProcessingError(f"Too many models linked to application {app_name}")

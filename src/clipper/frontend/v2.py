@@ -23,13 +23,13 @@ import orjson
 
 from clipper.errors import BadInputError, NotFoundError, RequestError
 from clipper.frontend.http import JSON, Respond
-from clipper.inputs import InputType
+from clipper.inputs import InputType, parse_input
 
 if TYPE_CHECKING:
     from clipper.registry import Application
     from clipper.server import Clipper
 
-__all__ = ["SERVER_NAME", "handle", "tensor_datatype"]
+__all__ = ["SERVER_NAME", "handle", "model_config", "model_metadata", "tensor_datatype"]
 
 SERVER_NAME = "clipper-serve"
 PLATFORM = "clipper-serve"
@@ -140,7 +140,12 @@ def _route(  # noqa: PLR0917
             rest = rest[2:]
         app = clipper.registry.apps.get(name)
         if method == b"GET" and not rest:
-            _metadata(clipper, _app(clipper, name, app), version, respond)
+            doc = model_metadata(clipper, _app(clipper, name, app), version)
+            respond(200, orjson.dumps(doc), JSON)
+            return
+        if method == b"GET" and rest == ["config"]:
+            doc = model_config(clipper, _app(clipper, name, app), version)
+            respond(200, orjson.dumps(doc), JSON)
             return
         if method == b"GET" and rest == ["ready"]:
             ready = _model_ready(clipper, _app(clipper, name, app), version)
@@ -152,7 +157,8 @@ def _route(  # noqa: PLR0917
     raise NotFoundError(
         f"no route for {method.decode()} {path}; the V2 API serves GET /v2, "
         "GET /v2/health/live, GET /v2/health/ready, GET /v2/models/<m>[/versions/<v>], "
-        "GET /v2/models/<m>[/versions/<v>]/ready and POST /v2/models/<m>[/versions/<v>]/infer"
+        "GET /v2/models/<m>[/versions/<v>]/ready, GET /v2/models/<m>[/versions/<v>]/config "
+        "and POST /v2/models/<m>[/versions/<v>]/infer"
     )
 
 
@@ -199,7 +205,8 @@ def _single_model(clipper: Clipper, app: Application) -> str | None:
     return linked[0] if len(linked) == 1 else None
 
 
-def _metadata(clipper: Clipper, app: Application, version: str | None, respond: Respond) -> None:
+def model_metadata(clipper: Clipper, app: Application, version: str | None) -> dict[str, Any]:
+    """The V2 model metadata of an application (a V2 model)."""
     model = _single_model(clipper, app)
     versions = sorted(clipper.registry.models.get(model, {})) if model else []
     if version is not None and version not in versions:
@@ -207,7 +214,7 @@ def _metadata(clipper: Clipper, app: Application, version: str | None, respond: 
             f"model '{app.name}' has no version '{version}'; versions: {versions or 'none'}"
         )
     default_type = _output_tensor([app.default_value])[0]
-    doc = {
+    return {
         "name": app.name,
         "versions": versions,
         "platform": PLATFORM,
@@ -216,7 +223,41 @@ def _metadata(clipper: Clipper, app: Application, version: str | None, respond: 
         ],
         "outputs": [{"name": OUTPUT_NAME, "datatype": default_type, "shape": [-1, -1]}],
     }
-    respond(200, orjson.dumps(doc), JSON)
+
+
+def _config_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def model_config(clipper: Clipper, app: Application, version: str | None) -> dict[str, Any]:
+    """Triton's model configuration extension for an application, in its JSON form: what
+    perf_analyzer and Triton's tools read (tensors, max batch size, batching).
+
+    ``max_batch_size`` is the queue capacity: each row of a request is a query of its own,
+    so that is the most rows one request can have queued. ``dynamic_batching`` carries the
+    batch wait of the model that answers (a single linked model's current version)."""
+    meta = model_metadata(clipper, app, version)
+    config: dict[str, Any] = {
+        "name": app.name,
+        "platform": PLATFORM,
+        "backend": SERVER_NAME,
+        "max_batch_size": clipper.config.queue_capacity,
+        "input": [
+            {"name": t["name"], "data_type": _config_type(t["datatype"]), "dims": [-1]}
+            for t in meta["inputs"]
+        ],
+        "output": [
+            {"name": t["name"], "data_type": _config_type(t["datatype"]), "dims": [-1]}
+            for t in meta["outputs"]
+        ],
+    }
+    model = _single_model(clipper, app)
+    v = version if version is not None else (clipper.registry.current.get(model) if model else None)
+    mv = clipper.registry.models.get(model, {}).get(v) if model and v else None
+    if mv is not None:
+        wait = mv.batching.max_wait_micros
+        config["dynamic_batching"] = {"max_queue_delay_microseconds": wait}
+    return config
 
 
 # -- infer -------------------------------------------------------------------------------------
@@ -257,13 +298,11 @@ def _infer(  # noqa: PLR0917
             raise BadInputError('parameter "timeout" must be a positive integer (microseconds)')
         slo_s = timeout / 1e6
     _check_outputs(doc.get("outputs"))
-    rows = _rows(app, doc.get("inputs"), binary)
-    query: dict[str, Any] = {"input_batch": rows}
+    payloads = _payloads(app, doc.get("inputs"), binary)
     if version is not None:
         model = _single_model(clipper, app)
         if model is not None and version not in clipper.registry.models.get(model, {}):
             raise NotFoundError(f"model '{app.name}' has no version '{version}'")
-        query["version"] = version
     model_version = version
     if model_version is None:
         model = _single_model(clipper, app)
@@ -285,7 +324,8 @@ def _infer(  # noqa: PLR0917
                 b"application/octet-stream\r\nInference-Header-Content-Length: %d" % len(header),
             )
 
-    clipper.processor.predict(app.name, orjson.dumps(query), answer, slo_s=slo_s)
+    processor = clipper.processor
+    processor.predict_payloads(app, payloads, version, "", answer, processor.clock.now(), slo_s)
 
 
 def _wants_binary(outputs: Any, params: dict[str, Any] | None) -> bool:
@@ -314,8 +354,9 @@ def _check_outputs(outputs: Any) -> None:
             )
 
 
-def _rows(app: Application, inputs: Any, binary: bytes) -> list[Any]:
-    """The first input tensor as the query's rows (one per element of its first dimension)."""
+def _payloads(app: Application, inputs: Any, binary: bytes) -> list[bytes]:
+    """The first input tensor as the query's inputs, one per element of its first dimension,
+    in the application's wire form (what :func:`parse_input` makes of a JSON input)."""
     if not isinstance(inputs, list) or not inputs:
         raise BadInputError('"inputs" must be a non-empty array of tensors')
     if len(inputs) > 1:
@@ -348,31 +389,62 @@ def _rows(app: Application, inputs: Any, binary: bytes) -> list[Any]:
         )
     per_row = math.prod(shape[1:])
     size = _binary_size(tensor, name)
-    if size is not None:
-        if size != len(binary):
-            raise BadInputError(
-                f"input '{name}': binary_data_size is {size} but {len(binary)} bytes follow "
-                "the JSON header"
-            )
-        flat = _from_binary(binary, datatype, n * per_row, name)
-    elif "data" not in tensor:
+    if size is not None and size != len(binary):
+        raise BadInputError(
+            f"input '{name}': binary_data_size is {size} but {len(binary)} bytes follow "
+            "the JSON header"
+        )
+    if size is None and "data" not in tensor:
         raise BadInputError(f"input '{name}': no \"data\" and no binary_data_size")
-    else:
+    if datatype != "BYTES" and per_row == 0:
+        raise BadInputError(f"input '{name}': a row of shape {shape[1:]} has no elements")
+    if size is not None and datatype != "BYTES":
+        return _binary_payloads(itype, binary, datatype, n, per_row, name)
+    flat = _from_binary(binary, datatype, n * per_row, name) if size is not None else None
+    if flat is None:
         flat = _flatten(tensor["data"], name)
     if len(flat) != n * per_row:
         raise BadInputError(
             f"input '{name}': shape {shape} needs {n * per_row} elements, got {len(flat)}"
         )
     if datatype == "BYTES":
-        return _byte_rows(itype, flat, per_row, name)
+        return [parse_input(itype, item) for item in _byte_rows(itype, flat, per_row, name)]
     is_int = datatype in _INT_TYPES
     for v in flat:
         t = type(v)
         if t is not int and (is_int or t is not float):
             raise BadInputError(f"input '{name}': element {v!r} is not of datatype {datatype}")
-    if per_row == 0:
-        raise BadInputError(f"input '{name}': a row of shape {shape[1:]} has no elements")
-    return [flat[i * per_row : (i + 1) * per_row] for i in range(n)]
+    return [
+        parse_input(itype, flat[i * per_row : (i + 1) * per_row], may_hold_bools=False)
+        for i in range(n)
+    ]
+
+
+def _binary_payloads(  # noqa: PLR0917
+    itype: InputType, raw: bytes, datatype: str, n: int, per_row: int, name: str
+) -> list[bytes]:
+    """Rows of a binary numeric tensor in the application's wire form, without a detour
+    through Python numbers: slices of the request when the element types agree, else one
+    NumPy conversion (integers range-checked). Non-finite floats pass, as in Triton."""
+    dtype = np.dtype(_NP_DTYPES[datatype])
+    count = n * per_row
+    if len(raw) != count * dtype.itemsize:
+        raise BadInputError(
+            f"input '{name}': {count} elements of {datatype} take {count * dtype.itemsize} "
+            f"bytes, got {len(raw)}"
+        )
+    target = np.dtype(itype.numpy_dtype)
+    if dtype != target:
+        arr = np.frombuffer(raw, dtype)
+        if target.kind == "i":
+            info = np.iinfo(target)
+            if arr.size and (int(arr.min()) < info.min or int(arr.max()) > info.max):
+                raise BadInputError(
+                    f"input '{name}': {datatype} element out of range for 32-bit integers"
+                )
+        raw = arr.astype(target).tobytes()
+    step = per_row * target.itemsize
+    return [raw[i * step : (i + 1) * step] for i in range(n)]
 
 
 def _binary_size(tensor: dict[str, Any], name: str) -> int | None:

@@ -133,12 +133,10 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=ready)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
-        answer = _Answer()
         try:
-            v2._metadata(self.clipper, self._app(request.name), request.version or None, answer)
+            doc = v2.model_metadata(self.clipper, self._app(request.name), request.version or None)
         except RequestError as err:
             await _abort(context, err)
-        doc = orjson.loads(answer.data)
         tensors = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=doc["name"],
@@ -147,6 +145,23 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             inputs=[tensors(**t) for t in doc["inputs"]],
             outputs=[tensors(**t) for t in doc["outputs"]],
         )
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        try:
+            doc = v2.model_config(self.clipper, self._app(request.name), request.version or None)
+        except RequestError as err:
+            await _abort(context, err)
+        config = pb.ModelConfig(
+            name=doc["name"],
+            platform=doc["platform"],
+            backend=doc["backend"],
+            max_batch_size=doc["max_batch_size"],
+            input=[pb.ModelInput(**t) for t in doc["input"]],
+            output=[pb.ModelOutput(**t) for t in doc["output"]],
+        )
+        if "dynamic_batching" in doc:
+            config.dynamic_batching.CopyFrom(pb.ModelDynamicBatching(**doc["dynamic_batching"]))
+        return pb.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -168,16 +183,6 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             cause = orjson.loads(v2._as_v2_error(data))["error"]
             await context.abort(_code(status), cause)
         return _as_response(orjson.loads(data), raw=raw)
-
-
-class _Answer:
-    """A respond callback that keeps what it is given."""
-
-    status = 0
-    data = b""
-
-    def __call__(self, status: int, data: bytes, content_type: bytes = JSON, /) -> None:
-        self.status, self.data = status, data
 
 
 def _as_rest(request: Any) -> tuple[dict[bytes, bytes], bytes]:
