@@ -425,3 +425,23 @@ async def test_binary_elements_convert_to_the_application_type(clipper: Clipper)
     resp = await request(v2_url(clipper, "/models/lonely/infer"), "POST", body, headers=hdrs)
     assert resp.status == 200, resp.body
     assert resp.json()["parameters"]["default"] is True
+
+
+async def test_bool_and_bf16_tensors(clipper: Clipper) -> None:
+    url = v2_url(clipper, "/models/doubles/infer")
+    resp = await post_json(url, {"inputs": [tensor([True, False, True], [1, 3], "BOOL")]})
+    assert resp.status == 200, resp.body
+    assert resp.json()["outputs"][0]["data"] == [2.0]
+    resp = await post_json(url, {"inputs": [tensor([1, 0], [1, 2], "BOOL")]})
+    assert resp.status == 400
+    assert "not of datatype BOOL" in resp.json()["error"]
+    # BF16 is the upper half of an FP32: 1.5 and -2.0 are exact in it.
+    bf16 = (np.array([[1.5, -2.0]], dtype="<f4").view("<u4") >> 16).astype("<u2")
+    body, hdrs = _binary(bf16, "BF16")
+    resp = await request(url, "POST", body, headers=hdrs)
+    assert resp.status == 200, resp.body
+    assert resp.json()["outputs"][0]["data"] == [-0.5]
+    body, hdrs = _binary(np.array([[True, True]]), "BOOL")
+    resp = await request(url, "POST", body, headers=hdrs)
+    assert resp.status == 200, resp.body
+    assert resp.json()["outputs"][0]["data"] == [2.0]

@@ -41,10 +41,11 @@ _FP_TYPES = frozenset(("FP16", "FP32", "FP64"))
 _ALL_TYPES = _INT_TYPES | _FP_TYPES | {"BOOL", "BYTES", "BF16"}
 
 # The datatypes an application of each input type accepts in an infer request.
+# BOOL elements are 0 and 1; BF16 (binary only: JSON carries plain numbers) widens to FP32.
 _ACCEPTS: dict[InputType, frozenset[str]] = {
-    InputType.INTS: _INT_TYPES,
-    InputType.FLOATS: _INT_TYPES | _FP_TYPES,
-    InputType.DOUBLES: _INT_TYPES | _FP_TYPES,
+    InputType.INTS: _INT_TYPES | {"BOOL"},
+    InputType.FLOATS: _INT_TYPES | _FP_TYPES | {"BOOL", "BF16"},
+    InputType.DOUBLES: _INT_TYPES | _FP_TYPES | {"BOOL", "BF16"},
     InputType.STRINGS: frozenset(("BYTES",)),
     InputType.BYTES: frozenset(("BYTES",)),
     InputType.JSON: frozenset(("BYTES",)),
@@ -73,6 +74,8 @@ _NP_DTYPES = {
     "FP16": "<f2",
     "FP32": "<f4",
     "FP64": "<f8",
+    "BOOL": "?",
+    "BF16": "<u2",  # the upper half of an FP32: widened in _binary_payloads
 }
 _LEN = struct.Struct("<I")
 
@@ -409,7 +412,12 @@ def _payloads(app: Application, inputs: Any, binary: bytes) -> list[bytes]:
         )
     if datatype == "BYTES":
         return [parse_input(itype, item) for item in _byte_rows(itype, flat, per_row, name)]
-    is_int = datatype in _INT_TYPES
+    if datatype == "BOOL":
+        if any(type(v) is not bool for v in flat):
+            bad = next(v for v in flat if type(v) is not bool)
+            raise BadInputError(f"input '{name}': element {bad!r} is not of datatype BOOL")
+        flat = [int(v) for v in flat]
+    is_int = datatype in _INT_TYPES or datatype == "BOOL"
     for v in flat:
         t = type(v)
         if t is not int and (is_int or t is not float):
@@ -434,6 +442,9 @@ def _binary_payloads(  # noqa: PLR0917
             f"bytes, got {len(raw)}"
         )
     target = np.dtype(itype.numpy_dtype)
+    if datatype == "BF16":
+        raw = (np.frombuffer(raw, "<u2").astype("<u4") << 16).tobytes()
+        dtype = np.dtype("<f4")
     if dtype != target:
         arr = np.frombuffer(raw, dtype)
         if target.kind == "i":
