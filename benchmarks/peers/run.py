@@ -133,7 +133,7 @@ def measure(
 ) -> Measured:
     """Closed-loop sweep and perf_analyzer on one server; the open-loop search on a fresh one,
     so that what the overloaded end of the sweep left behind (queues, a batcher's fitted
-    latency model: BentoML's refuses everything after C=64) does not decide the search."""
+    latency model: BentoML's refused nearly everything after C=64) does not decide the search."""
     m = Measured(system.name, workload)
     log = Path(args.out) / f"{system.name}-{workload}.log"
     row = example_input(workload)
