@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from ports import free_port  # noqa: E402
-from spec import System  # noqa: E402
+from spec import System, v2_request  # noqa: E402
 from workloads import example_input  # noqa: E402
 
 __all__ = ["Running", "install", "load", "start", "venv_python"]
@@ -219,11 +219,6 @@ def start(system: System, workload: str, log_path: Path) -> Iterator[Running]:
             print(f"WARNING: processes of {system.name} survived killpg", file=sys.stderr)
 
 
-def v2_body(workload: str, row: list[float]) -> bytes:
-    tensor = {"name": "input", "shape": [1, len(row)], "datatype": "FP32", "data": row}
-    return json.dumps({"inputs": [tensor]}).encode()
-
-
 def probe(name: str, workload: str) -> int:
     system = load(name)
     install(system)
@@ -236,9 +231,9 @@ def probe(name: str, workload: str) -> int:
         status, body = post(r.url(req.path), req.body)
         print(f"native POST {req.path}: {status} {body[:300]!r}")
         if system.v2_model:
-            path = f"/v2/models/{system.v2_model}/infer"
-            status, body = post(r.url(path), v2_body(workload, example_input(workload)))
-            print(f"V2 POST {path}: {status} {body[:300]!r}")
+            v2 = v2_request(system.v2_model, example_input(workload))
+            status, body = post(r.url(v2.path), v2.body)
+            print(f"V2 POST {v2.path}: {status} {body[:300]!r}")
         pgid = r.proc.pid
     print("stopped; anything alive:", _alive(pgid))
     return 0

@@ -7,11 +7,12 @@ free ports, waits until it answers, drives it, and stops its whole process group
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Launch", "NativeRequest", "System"]
+__all__ = ["Launch", "NativeRequest", "System", "input_request", "script_argv", "v2_request"]
 
 PEERS_DIR = Path(__file__).resolve().parent
 
@@ -62,3 +63,19 @@ class System:
     notes: str = ""
     # extra shell commands (run with bash) after the pip install, e.g. system packages
     post_install: Sequence[str] = ()
+
+
+def script_argv(python: Path, server: Path, **flags: object) -> list[str]:
+    """``python server --flag-name=value ...`` (underscores in flag names become dashes)."""
+    return [str(python), str(server), *(f"--{k.replace('_', '-')}={v}" for k, v in flags.items())]
+
+
+def input_request(path: str, row: list[float]) -> NativeRequest:
+    """A request whose JSON body is ``{"input": [d floats]}``, one row."""
+    return NativeRequest(path, json.dumps({"input": row}).encode())
+
+
+def v2_request(model: str, row: list[float]) -> NativeRequest:
+    """A V2 infer request for one row: input tensor ``input``, FP32, shape ``[1, d]``."""
+    tensor = {"name": "input", "shape": [1, len(row)], "datatype": "FP32", "data": row}
+    return NativeRequest(f"/v2/models/{model}/infer", json.dumps({"inputs": [tensor]}).encode())

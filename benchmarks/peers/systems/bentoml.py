@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from spec import PEERS_DIR, Launch, NativeRequest, System
+from spec import PEERS_DIR, Launch, NativeRequest, System, input_request, script_argv
 
 SERVER = PEERS_DIR / "servers" / "bentoml" / "server.py"
 MAX_BATCH_SIZE = 64
@@ -13,14 +12,20 @@ MAX_LATENCY_MS = 20
 
 
 def _launch(workload: str, py: Path, http_port: int, grpc_port: int, workdir: Path) -> Launch:
-    argv = [str(py), str(SERVER), "--workload", workload, "--port", str(http_port)]
-    argv += ["--home", str(workdir / "bentoml")]
-    argv += ["--max-batch-size", str(MAX_BATCH_SIZE), "--max-latency-ms", str(MAX_LATENCY_MS)]
+    argv = script_argv(
+        py,
+        SERVER,
+        workload=workload,
+        port=http_port,
+        home=workdir / "bentoml",
+        max_batch_size=MAX_BATCH_SIZE,
+        max_latency_ms=MAX_LATENCY_MS,
+    )
     return Launch(argv=argv, ready_path="/readyz")
 
 
 def _native(workload: str, row: list[float]) -> NativeRequest:
-    return NativeRequest(path="/predict", body=json.dumps({"input": row}).encode())
+    return input_request("/predict", row)
 
 
 SYSTEM = System(

@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from spec import PEERS_DIR, Launch, NativeRequest, System
+from spec import PEERS_DIR, Launch, NativeRequest, System, input_request, script_argv
 
 REPO = PEERS_DIR.parent.parent
 
 
 def _launch(workload: str, python: Path, http_port: int, grpc_port: int, workdir: Path) -> Launch:
     return Launch(
-        argv=[
-            str(python),
-            str(PEERS_DIR / "servers" / "clipper" / "serve.py"),
-            f"--workload={workload}",
-            f"--port={http_port}",
-            f"--grpc-port={grpc_port}",
-        ],
+        argv=script_argv(
+            python,
+            PEERS_DIR / "servers" / "clipper" / "serve.py",
+            workload=workload,
+            port=http_port,
+            grpc_port=grpc_port,
+        ),
         ready_path="/v2/models/bench/ready",  # 200 once a replica is connected
         ready_timeout_s=60,
     )
 
 
 def _native(workload: str, row: list[float]) -> NativeRequest:
-    return NativeRequest("/bench/predict", json.dumps({"input": row}).encode())
+    return input_request("/bench/predict", row)
 
 
 SYSTEM = System(

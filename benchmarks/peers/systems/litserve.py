@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from spec import PEERS_DIR, Launch, NativeRequest, System
+from spec import PEERS_DIR, Launch, NativeRequest, System, input_request, script_argv
 
 SERVER = PEERS_DIR / "servers" / "litserve" / "server.py"
 MAX_BATCH_SIZE = 64
@@ -13,14 +12,20 @@ BATCH_TIMEOUT_MS = 2.0
 
 
 def _launch(workload: str, py: Path, http_port: int, grpc_port: int, workdir: Path) -> Launch:
-    argv = [str(py), str(SERVER), "--workload", workload, "--port", str(http_port)]
-    argv += ["--max-batch-size", str(MAX_BATCH_SIZE), "--batch-timeout-ms", str(BATCH_TIMEOUT_MS)]
+    argv = script_argv(
+        py,
+        SERVER,
+        workload=workload,
+        port=http_port,
+        max_batch_size=MAX_BATCH_SIZE,
+        batch_timeout_ms=BATCH_TIMEOUT_MS,
+    )
     # /health answers 503 until the inference worker has run setup() (the model is built).
     return Launch(argv=argv, ready_path="/health")
 
 
 def _native(workload: str, row: list[float]) -> NativeRequest:
-    return NativeRequest(path="/predict", body=json.dumps({"input": row}).encode())
+    return input_request("/predict", row)
 
 
 SYSTEM = System(

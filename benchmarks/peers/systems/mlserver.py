@@ -6,10 +6,9 @@ it also serves V2 over gRPC.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from spec import PEERS_DIR, Launch, NativeRequest, System
+from spec import PEERS_DIR, Launch, NativeRequest, System, script_argv, v2_request
 
 SERVER = PEERS_DIR / "servers" / "mlserver" / "serve.py"
 MODEL = "m"
@@ -23,18 +22,18 @@ PARALLEL_WORKERS = 0
 
 def _launch(workload: str, python: Path, http_port: int, grpc_port: int, workdir: Path) -> Launch:
     return Launch(
-        argv=[
-            str(python),
-            str(SERVER),
-            f"--workload={workload}",
-            f"--model={MODEL}",
-            f"--http-port={http_port}",
-            f"--grpc-port={grpc_port}",
-            f"--workdir={workdir}",
-            f"--max-batch-size={MAX_BATCH_SIZE}",
-            f"--max-batch-time={MAX_BATCH_TIME_S}",
-            f"--parallel-workers={PARALLEL_WORKERS}",
-        ],
+        argv=script_argv(
+            python,
+            SERVER,
+            workload=workload,
+            model=MODEL,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            workdir=workdir,
+            max_batch_size=MAX_BATCH_SIZE,
+            max_batch_time=MAX_BATCH_TIME_S,
+            parallel_workers=PARALLEL_WORKERS,
+        ),
         # 200 only once the model has loaded in the inference worker (the REST server is up
         # before that and answers 400 here until then).
         ready_path=f"/v2/models/{MODEL}/ready",
@@ -43,8 +42,7 @@ def _launch(workload: str, python: Path, http_port: int, grpc_port: int, workdir
 
 def _native(workload: str, row: list[float]) -> NativeRequest:
     del workload  # the shape comes from the row
-    tensor = {"name": "input", "shape": [1, len(row)], "datatype": "FP32", "data": row}
-    return NativeRequest(f"/v2/models/{MODEL}/infer", json.dumps({"inputs": [tensor]}).encode())
+    return v2_request(MODEL, row)
 
 
 SYSTEM = System(

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from spec import PEERS_DIR, Launch, NativeRequest, System
+from spec import PEERS_DIR, Launch, NativeRequest, System, input_request, script_argv
 
 SERVER = PEERS_DIR / "servers" / "rayserve" / "server.py"
 MAX_BATCH_SIZE = 64
@@ -13,16 +12,22 @@ BATCH_WAIT_MS = 2.0
 
 
 def _launch(workload: str, py: Path, http_port: int, grpc_port: int, workdir: Path) -> Launch:
-    argv = [str(py), str(SERVER), "--workload", workload, "--port", str(http_port)]
-    argv += ["--temp-dir", str(workdir / "ray")]
-    argv += ["--max-batch-size", str(MAX_BATCH_SIZE), "--batch-wait-ms", str(BATCH_WAIT_MS)]
+    argv = script_argv(
+        py,
+        SERVER,
+        workload=workload,
+        port=http_port,
+        temp_dir=workdir / "ray",
+        max_batch_size=MAX_BATCH_SIZE,
+        batch_wait_ms=BATCH_WAIT_MS,
+    )
     # /-/healthz is 200 once a replica is routable; the harness's native POST then proves the
     # model is built (the replica's constructor builds it before it takes requests).
     return Launch(argv=argv, ready_path="/-/healthz")
 
 
 def _native(workload: str, row: list[float]) -> NativeRequest:
-    return NativeRequest(path="/predict", body=json.dumps({"input": row}).encode())
+    return input_request("/predict", row)
 
 
 SYSTEM = System(

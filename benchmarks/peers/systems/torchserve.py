@@ -6,10 +6,9 @@ Native API: ``POST /predictions/<model>`` with ``{"input": [d floats]}``, answer
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from spec import PEERS_DIR, Launch, NativeRequest, System
+from spec import PEERS_DIR, Launch, NativeRequest, System, input_request, script_argv
 
 SERVER = PEERS_DIR / "servers" / "torchserve" / "serve.py"
 MODEL = "m"
@@ -22,18 +21,18 @@ WORKERS = 1
 
 def _launch(workload: str, python: Path, http_port: int, grpc_port: int, workdir: Path) -> Launch:
     return Launch(
-        argv=[
-            str(python),
-            str(SERVER),
-            f"--workload={workload}",
-            f"--model={MODEL}",
-            f"--http-port={http_port}",
-            f"--grpc-port={grpc_port}",
-            f"--workdir={workdir}",
-            f"--batch-size={BATCH_SIZE}",
-            f"--max-batch-delay-ms={MAX_BATCH_DELAY_MS}",
-            f"--workers={WORKERS}",
-        ],
+        argv=script_argv(
+            python,
+            SERVER,
+            workload=workload,
+            model=MODEL,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            workdir=workdir,
+            batch_size=BATCH_SIZE,
+            max_batch_delay_ms=MAX_BATCH_DELAY_MS,
+            workers=WORKERS,
+        ),
         # Not /ping: it says Healthy once the worker process runs, before the model has loaded
         # (0.12). This GET reaches the handler, which answers an empty body only once loaded.
         ready_path=f"/predictions/{MODEL}",
@@ -42,7 +41,7 @@ def _launch(workload: str, python: Path, http_port: int, grpc_port: int, workdir
 
 def _native(workload: str, row: list[float]) -> NativeRequest:
     del workload
-    return NativeRequest(f"/predictions/{MODEL}", json.dumps({"input": row}).encode())
+    return input_request(f"/predictions/{MODEL}", row)
 
 
 SYSTEM = System(

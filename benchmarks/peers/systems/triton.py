@@ -6,12 +6,11 @@ Protocol natively, so the native request is the V2 one, on HTTP and gRPC.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
-from spec import PEERS_DIR, Launch, NativeRequest, System
+from spec import PEERS_DIR, Launch, NativeRequest, System, script_argv, v2_request
 
 SERVER = PEERS_DIR / "servers" / "triton" / "serve.py"
 MODEL = "m"
@@ -33,16 +32,16 @@ def launch(workload: str, py: Path, http_port: int, grpc_port: int, workdir: Pat
     # another build's copy and fail to load ("'_thread.RLock' object has no attribute
     # '_recursion_count'"). tritonserver passes our environment on to the stub.
     ld_path = ":".join(p for p in (_libdir(py), os.environ.get("LD_LIBRARY_PATH", "")) if p)
-    argv = [
-        str(py),
-        str(SERVER),
-        f"--workload={workload}",
-        f"--http-port={http_port}",
-        f"--grpc-port={grpc_port}",
-        f"--workspace={workdir / 'pytriton'}",
-        f"--max-batch-size={MAX_BATCH_SIZE}",
-        f"--max-queue-delay-us={MAX_QUEUE_DELAY_US}",
-    ]
+    argv = script_argv(
+        py,
+        SERVER,
+        workload=workload,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        workspace=workdir / "pytriton",
+        max_batch_size=MAX_BATCH_SIZE,
+        max_queue_delay_us=MAX_QUEUE_DELAY_US,
+    )
     return Launch(
         argv=argv,
         env={"LD_LIBRARY_PATH": ld_path},
@@ -53,10 +52,7 @@ def launch(workload: str, py: Path, http_port: int, grpc_port: int, workdir: Pat
 
 def native(workload: str, row: list[float]) -> NativeRequest:
     del workload  # the shape comes from the row
-    tensor = {"name": "input", "shape": [1, len(row)], "datatype": "FP32", "data": row}
-    return NativeRequest(
-        path=f"/v2/models/{MODEL}/infer", body=json.dumps({"inputs": [tensor]}).encode()
-    )
+    return v2_request(MODEL, row)
 
 
 SYSTEM = System(
