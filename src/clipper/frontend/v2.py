@@ -302,13 +302,12 @@ def _infer(  # noqa: PLR0917
         slo_s = timeout / 1e6
     _check_outputs(doc.get("outputs"))
     payloads = _payloads(app, doc.get("inputs"), binary)
+    model = _single_model(clipper, app)
     if version is not None:
-        model = _single_model(clipper, app)
         if model is not None and version not in clipper.registry.models.get(model, {}):
             raise NotFoundError(f"model '{app.name}' has no version '{version}'")
-    model_version = version
-    if model_version is None:
-        model = _single_model(clipper, app)
+        model_version = version
+    else:
         model_version = clipper.registry.current.get(model, "") if model else ""
 
     binary_out = _wants_binary(doc.get("outputs"), params)
@@ -403,9 +402,7 @@ def _payloads(app: Application, inputs: Any, binary: bytes) -> list[bytes]:
         raise BadInputError(f"input '{name}': a row of shape {shape[1:]} has no elements")
     if size is not None and datatype != "BYTES":
         return _binary_payloads(itype, binary, datatype, n, per_row, name)
-    flat = _from_binary(binary, datatype, n * per_row, name) if size is not None else None
-    if flat is None:
-        flat = _flatten(tensor["data"], name)
+    flat = _bytes_elements(binary, name) if size is not None else _flatten(tensor["data"], name)
     if len(flat) != n * per_row:
         raise BadInputError(
             f"input '{name}': shape {shape} needs {n * per_row} elements, got {len(flat)}"
@@ -413,15 +410,16 @@ def _payloads(app: Application, inputs: Any, binary: bytes) -> list[bytes]:
     if datatype == "BYTES":
         return [parse_input(itype, item) for item in _byte_rows(itype, flat, per_row, name)]
     if datatype == "BOOL":
-        if any(type(v) is not bool for v in flat):
-            bad = next(v for v in flat if type(v) is not bool)
+        bad = next((v for v in flat if type(v) is not bool), None)
+        if bad is not None:
             raise BadInputError(f"input '{name}': element {bad!r} is not of datatype BOOL")
         flat = [int(v) for v in flat]
-    is_int = datatype in _INT_TYPES or datatype == "BOOL"
-    for v in flat:
-        t = type(v)
-        if t is not int and (is_int or t is not float):
-            raise BadInputError(f"input '{name}': element {v!r} is not of datatype {datatype}")
+    else:
+        is_int = datatype in _INT_TYPES
+        for v in flat:
+            t = type(v)
+            if t is not int and (is_int or t is not float):
+                raise BadInputError(f"input '{name}': element {v!r} is not of datatype {datatype}")
     return [
         parse_input(itype, flat[i * per_row : (i + 1) * per_row], may_hold_bools=False)
         for i in range(n)
@@ -470,30 +468,21 @@ def _binary_size(tensor: dict[str, Any], name: str) -> int | None:
     return size
 
 
-def _from_binary(raw: bytes, datatype: str, count: int, name: str) -> list[Any]:
-    """Binary tensor data as a flat list: little-endian elements, or for BYTES each element
-    as a 4-byte little-endian length and its bytes."""
-    if datatype == "BYTES":
-        out: list[Any] = []
-        pos = 0
-        while pos < len(raw):
-            if pos + 4 > len(raw):
-                raise BadInputError(f"input '{name}': truncated BYTES element length")
-            (length,) = _LEN.unpack_from(raw, pos)
-            pos += 4
-            if pos + length > len(raw):
-                raise BadInputError(f"input '{name}': truncated BYTES element")
-            out.append(raw[pos : pos + length])
-            pos += length
-        return out
-    dtype = np.dtype(_NP_DTYPES[datatype])
-    if len(raw) != count * dtype.itemsize:
-        raise BadInputError(
-            f"input '{name}': {count} elements of {datatype} take {count * dtype.itemsize} "
-            f"bytes, got {len(raw)}"
-        )
-    values: list[Any] = np.frombuffer(raw, dtype).tolist()
-    return values
+def _bytes_elements(raw: bytes, name: str) -> list[Any]:
+    """Binary BYTES tensor data: each element a 4-byte little-endian length and its bytes.
+    (Numeric binary data never becomes Python values: see :func:`_binary_payloads`.)"""
+    out: list[Any] = []
+    pos = 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise BadInputError(f"input '{name}': truncated BYTES element length")
+        (length,) = _LEN.unpack_from(raw, pos)
+        pos += 4
+        if pos + length > len(raw):
+            raise BadInputError(f"input '{name}': truncated BYTES element")
+        out.append(raw[pos : pos + length])
+        pos += length
+    return out
 
 
 def _flatten(data: Any, name: str) -> list[Any]:
