@@ -80,7 +80,7 @@ def collector() -> tuple[asyncio.Queue[StoreEvent], Callable[[StoreEvent], None]
 
 async def test_put_load_delete_contract(stores: Callable[..., Any]) -> None:
     s: RedisStore = await stores()
-    assert await s.load() == {"app": {}, "model": {}, "current": {}, "links": {}}
+    assert await s.load() == {"app": {}, "model": {}, "current": {}, "links": {}, "intent": {}}
     value: dict[str, Any] = {"labels": ["x"]}
     await s.put("app", "a", APP)
     await s.put("model", "m:1", value)
@@ -97,6 +97,7 @@ async def test_put_load_delete_contract(stores: Callable[..., Any]) -> None:
         "model": {"m:1": {"labels": ["x"]}},
         "current": {"m": "2"},
         "links": {"a": ["m"]},
+        "intent": {},
     }
     snap["app"]["a"]["name"] = "mutated after load"
     assert (await s.load())["app"]["a"] == APP

@@ -14,7 +14,7 @@ import pytest
 
 from clipper.errors import ClipperError, ConfigError
 from clipper.store import CONFIG_KINDS, MemoryStore, SqliteStore, Store, StoreError, open_store
-from clipper.store.base import redact_url
+from clipper.store.base import Delete, DeletePrefix, Put, redact_url
 from clipper.store.sqlite import SCHEMA_VERSION
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -40,8 +40,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 # --- the contract, for every backend ------------------------------------------------------
 
 
-async def test_load_of_an_empty_store_has_all_four_kinds(store: Store) -> None:
-    assert await store.load() == {"app": {}, "model": {}, "current": {}, "links": {}}
+async def test_load_of_an_empty_store_has_every_config_kind(store: Store) -> None:
+    assert await store.load() == {"app": {}, "model": {}, "current": {}, "links": {}, "intent": {}}
 
 
 async def test_put_then_load(store: Store) -> None:
@@ -55,6 +55,7 @@ async def test_put_then_load(store: Store) -> None:
         "model": {"m:1": MODEL},
         "current": {"m": "1"},
         "links": {"a": ["m"]},
+        "intent": {},
     }
 
 
@@ -195,7 +196,7 @@ async def test_sqlite_survives_a_crash_without_close(tmp_path: Path) -> None:
     assert snap["current"] == {"m": "7"}
 
 
-async def test_sqlite_runs_in_wal_mode_with_synchronous_normal(tmp_path: Path) -> None:
+async def test_sqlite_runs_in_wal_mode_with_synchronous_full(tmp_path: Path) -> None:
     path = tmp_path / "clipper.db"
     s = SqliteStore(path)
     await s.open()
@@ -204,7 +205,7 @@ async def test_sqlite_runs_in_wal_mode_with_synchronous_normal(tmp_path: Path) -
         sync = await s._call(lambda: s._db().execute("PRAGMA synchronous").fetchone()[0])
     finally:
         await s.close()
-    assert sync == 1  # NORMAL
+    assert sync == 2  # FULL: a commit is synced before the admin call is acknowledged
     # journal_mode=WAL is persistent in the file: any new connection sees it.
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -376,3 +377,51 @@ async def test_state_is_read_one_key_at_a_time_and_not_loaded(store: Store) -> N
     assert "state" not in await store.load()  # possibly millions of users: never in a snapshot
     await store.delete("state", "app:user-1")
     assert await store.get("state", "app:user-1") is None
+
+
+async def test_a_commit_stores_all_its_operations_together(store: Store) -> None:
+    await store.put("state", "keep:u1", {"w": 1})
+    await store.put("state", "app:u1", {"w": 1})
+    await store.put("state", "app:u2", {"w": 2})
+    await store.put("app", "old", APP)
+    await store.commit(
+        [
+            Put("app", "a", APP),
+            Put("links", "a", []),
+            Delete("app", "old"),
+            DeletePrefix("state", "app:"),
+        ]
+    )
+    snap = await store.load()
+    assert snap["app"] == {"a": APP}
+    assert snap["links"] == {"a": []}
+    assert await store.get("state", "app:u1") is None
+    assert await store.get("state", "app:u2") is None
+    assert await store.get("state", "keep:u1") == {"w": 1}
+
+
+async def test_a_commit_with_a_bad_operation_stores_nothing(store: Store) -> None:
+    with pytest.raises(StoreError):
+        await store.commit([Put("app", "a", APP), Put("app", "b", {"f": object()})])
+    with pytest.raises(StoreError):
+        await store.commit([Put("app", "a", APP), DeletePrefix("state", "")])
+    assert (await store.load())["app"] == {}
+
+
+async def test_a_failed_sqlite_commit_is_rolled_back_whole(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path / "clipper.db")
+    await s.open()
+    try:
+        # Break the second statement of the transaction from the inside: a trigger that
+        # refuses one key. The first write of the same commit must not survive.
+        await s._call(
+            lambda: s._db().execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON clipper_store WHEN NEW.key = 'bad' "
+                "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+        )
+        with pytest.raises(StoreError, match="refused"):
+            await s.commit([Put("app", "good", APP), Put("app", "bad", APP)])
+        assert (await s.load())["app"] == {}
+    finally:
+        await s.close()

@@ -1,9 +1,13 @@
-"""The config store interface: JSON records in four kinds, persisted and watched.
+"""The config store interface: JSON records in a few kinds, persisted and watched.
 
 The store is what survives a frontend restart: applications, model versions, each model's
-current version and each application's links, as the registry holds them. Values are plain JSON
-(dicts, lists, strings, numbers, booleans, null); the registry's own types are mapped to and from
-JSON by the caller, so a backend never sees a Python object it cannot write.
+current version, each application's links and the version changes under way (intents), as the
+registry holds them. A change is written as one atomic :meth:`Store.commit` of several
+operations, and the frontend answers an admin call only after that commit returned.
+
+Values are plain JSON (dicts, lists, strings, numbers, booleans, null); the registry's own
+types are mapped to and from JSON by the caller, so a backend never sees a Python object it
+cannot write.
 
 Every method is async because the frontend is one event loop that nothing may block: the SQLite
 backend runs its calls on its own worker thread, the Redis backend is natively async.
@@ -12,7 +16,7 @@ backend runs its calls on its own worker thread, the Redis backend is natively a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -24,7 +28,11 @@ from clipper.errors import ClipperError, ConfigError
 __all__ = [
     "CONFIG_KINDS",
     "KINDS",
+    "Delete",
+    "DeletePrefix",
     "Kind",
+    "Op",
+    "Put",
     "Snapshot",
     "Store",
     "StoreError",
@@ -37,11 +45,11 @@ __all__ = [
     "redact_url",
 ]
 
-Kind = Literal["app", "model", "current", "links", "state"]
+Kind = Literal["app", "model", "current", "links", "intent", "state"]
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
 # What load() returns: the configuration. "state" (selection-policy state per application and
 # user) can hold millions of keys: it is read one key at a time with get().
-CONFIG_KINDS: Final[tuple[Kind, ...]] = ("app", "model", "current", "links")
+CONFIG_KINDS: Final[tuple[Kind, ...]] = ("app", "model", "current", "links", "intent")
 
 # kind -> key -> value; all four kinds are always present, possibly empty.
 Snapshot = dict[str, dict[str, Any]]
@@ -60,24 +68,80 @@ class StoreError(ClipperError):
 
 
 @dataclass(frozen=True, slots=True)
+class Put:
+    kind: Kind
+    key: str
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    kind: Kind
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePrefix:
+    """Every key of ``kind`` that starts with ``prefix`` (an application's selection states)."""
+
+    kind: Kind
+    prefix: str
+
+
+Op = Put | Delete | DeletePrefix
+
+
+@dataclass(frozen=True, slots=True)
 class StoreEvent:
-    """A change written by another store instance; ``value`` is None when the key was deleted."""
+    """A change written by another store instance; ``value`` is None when the key was deleted.
+
+    The operations of one commit arrive as consecutive events, the last with ``last=True``, so a
+    watcher can apply a commit whole (an application and its links together)."""
 
     kind: Kind
     key: str
     value: Any | None
+    last: bool = True
 
 
 Watcher = Callable[[StoreEvent], None]
+Resync = Callable[[], None]
+
+
+def check_ops(ops: Sequence[Op]) -> list[tuple[Op, bytes | None]]:
+    """Each operation with its JSON text (None for deletions), checked before anything is
+    written: a bad operation fails the whole commit."""
+    out: list[tuple[Op, bytes | None]] = []
+    for op in ops:
+        if isinstance(op, Put):
+            out.append((op, encode_value(op.kind, op.key, op.value)))
+        elif isinstance(op, Delete):
+            check_kind(op.kind)
+            out.append((op, None))
+        elif isinstance(op, DeletePrefix):
+            check_kind(op.kind)
+            if not op.prefix:
+                raise StoreError("a prefix deletion needs a non-empty prefix")
+            out.append((op, None))
+        else:
+            raise StoreError(f"not a store operation: {op!r}")
+    return out
 
 
 class Store(Protocol):
-    """What every backend provides. Use: ``await open()``, ``load()`` once, then ``put``/``delete``
-    for each change, and ``watch()`` for the changes others make; ``await close()`` at the end.
+    """What every backend provides. Use: ``await open()``, ``load()`` once, then ``commit`` (or
+    ``put``/``delete``) for each change, and ``watch()`` for the changes others make;
+    ``await close()`` at the end.
+
+    ``commit(ops)`` is atomic and durable when it returns: all of ``ops`` are stored (SQLite:
+    committed and synced to its write-ahead log; Redis: executed in one MULTI/EXEC with its
+    event) or, when it raises :class:`StoreError`, none is.
 
     ``watch(callback)`` calls ``callback(event)`` on the event loop for changes written by *other*
     store instances (never for this instance's own writes). Only the Redis backend has others to
     hear from; the memory and SQLite backends never call it (one frontend per state directory).
+    ``on_resync(callback)`` is called when events may have been missed (a reconnect, a gap in
+    the store's revision): the watcher should ``load()`` again and apply the difference.
     """
 
     async def open(self) -> None: ...
@@ -86,6 +150,8 @@ class Store(Protocol):
 
     async def load(self) -> Snapshot: ...
 
+    async def commit(self, ops: Sequence[Op]) -> None: ...
+
     async def put(self, kind: Kind, key: str, value: Any) -> None: ...
 
     async def delete(self, kind: Kind, key: str) -> None: ...
@@ -93,6 +159,8 @@ class Store(Protocol):
     async def get(self, kind: Kind, key: str) -> Any | None: ...
 
     def watch(self, callback: Watcher) -> None: ...
+
+    def on_resync(self, callback: Resync) -> None: ...
 
 
 def empty_snapshot() -> Snapshot:

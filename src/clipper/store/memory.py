@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from clipper.store.base import (
     CONFIG_KINDS,
     KINDS,
+    DeletePrefix,
     Kind,
+    Op,
+    Put,
+    Resync,
     Snapshot,
     StoreError,
     Watcher,
     check_kind,
+    check_ops,
     decode_value,
-    encode_value,
 )
 
 __all__ = ["MemoryStore"]
@@ -53,9 +58,21 @@ class MemoryStore:
             if kind in CONFIG_KINDS
         }
 
-    async def put(self, kind: Kind, key: str, value: Any) -> None:
+    async def commit(self, ops: Sequence[Op]) -> None:
         self._check_open()
-        self._data[check_kind(kind)][key] = encode_value(kind, key, value)
+        for op, text in check_ops(ops):  # checked whole first: all or nothing
+            records = self._data[op.kind]
+            if isinstance(op, Put):
+                assert text is not None
+                records[op.key] = text
+            elif isinstance(op, DeletePrefix):
+                for key in [k for k in records if k.startswith(op.prefix)]:
+                    del records[key]
+            else:
+                records.pop(op.key, None)
+
+    async def put(self, kind: Kind, key: str, value: Any) -> None:
+        await self.commit([Put(kind, key, value)])
 
     async def delete(self, kind: Kind, key: str) -> None:
         self._check_open()
@@ -68,3 +85,6 @@ class MemoryStore:
 
     def watch(self, callback: Watcher) -> None:
         self._watchers.append(callback)
+
+    def on_resync(self, callback: Resync) -> None:
+        """Nothing is ever missed in one process."""

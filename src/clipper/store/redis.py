@@ -2,15 +2,23 @@
 
 Layout, with ``P`` the key prefix (default ``clipper``, so deployments can share one redis):
 
-* one hash per kind: ``P:app``, ``P:model``, ``P:current``, ``P:links``; field = key, value = JSON;
-* one pub/sub channel ``P:events``; every write publishes
-  ``{"origin": <writer's random id>, "db": <db number>, "kind", "key", "value"}`` (value null =
-  deleted) in the same MULTI/EXEC transaction as the write, so a change and its event go together.
+* one hash per kind: ``P:app``, ``P:model``, ``P:current``, ``P:links``, ``P:intent``,
+  ``P:state``; field = key, value = JSON;
+* ``P:rev``, a counter incremented by every commit: the store's revision;
+* one pub/sub channel ``P:events``; every commit publishes
+  ``{"origin": <writer's random id>, "db": <db number>, "rev": <its revision>, "ops": [{"kind",
+  "key", "value"}, ...]}`` (value null = deleted) in the same MULTI/EXEC transaction as its writes,
+  so a change and its event go together.
 
 Each store subscribes in :meth:`RedisStore.open` (before the caller's first ``load()``, so no change
-falls between the snapshot and the events) and runs one listener task that it owns; events of its
-own origin are skipped. Pub/sub is not durable: events published while a frontend is disconnected
-are lost to it, and it should ``load()`` again after a reconnect to catch up.
+falls between the snapshot and the events) and runs two tasks that it owns: the event listener
+(events of its own origin are skipped) and a revision poller. Pub/sub is not durable: events
+published while a frontend is disconnected are lost to it. So the store remembers which revisions
+it has seen (its own commits, events, the last ``load()``); when the server's revision stays ahead
+of them for a poll interval, or the event connection broke, it calls the ``on_resync`` callbacks,
+whose owner loads the snapshot again and applies the difference. An event older than what this
+store already holds for a key (it raced a later commit) is dropped, so a late event never reverts
+a newer value.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -28,15 +36,20 @@ from clipper.errors import ConfigError
 from clipper.store.base import (
     CONFIG_KINDS,
     KINDS,
+    Delete,
+    DeletePrefix,
     Kind,
+    Op,
+    Put,
+    Resync,
     Snapshot,
     StoreError,
     StoreEvent,
     Watcher,
     check_kind,
+    check_ops,
     decode_value,
     empty_snapshot,
-    encode_value,
     redact_url,
 )
 
@@ -51,6 +64,22 @@ log = logging.getLogger(__name__)
 _INSTALL_HINT: Final = "the redis store needs: pip install 'clipper-serve[redis]'"
 _CONNECT_TIMEOUT_S: Final = 5.0
 _RECONNECT_MAX_S: Final = 5.0
+# How often the revision is compared with what this store has seen; a gap that outlives one
+# interval (no event in flight explains it) means a missed event and a resync.
+_POLL_S: Final = 1.0
+# Deletes the fields of a hash whose names start with ARGV[1]: a prefix deletion inside the
+# commit's MULTI/EXEC (HSCAN cannot run there).
+_DELETE_PREFIX_LUA: Final = """
+local n = 0
+local len = string.len(ARGV[1])
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(field, 1, len) == ARGV[1] then
+    redis.call('HDEL', KEYS[1], field)
+    n = n + 1
+  end
+end
+return n
+"""
 
 
 class RedisStore:
@@ -78,8 +107,17 @@ class RedisStore:
         self._client: Redis | None = None
         self._pubsub: PubSub | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._poller: asyncio.Task[None] | None = None
         self._db = 0
         self._watchers: list[Watcher] = []
+        self._resyncs: list[Resync] = []
+        # Revisions: everything up to _rev_base is reflected locally; _revs_seen holds the
+        # later ones seen out of order; _key_rev the revision of each key's last applied write.
+        self._rev_base = 0
+        self._revs_seen: set[int] = set()
+        self._key_rev: dict[tuple[str, str], int] = {}
+        self._gap_since_poll = False
+        self._events_broken = False
 
     def __repr__(self) -> str:
         return f"RedisStore({redact_url(self.url)!r}, prefix={self.prefix!r})"
@@ -132,6 +170,7 @@ class RedisStore:
         self._client = client
         self._pubsub = pubsub
         self._listener = asyncio.create_task(self._listen(pubsub), name=f"{self!r} listener")
+        self._poller = asyncio.create_task(self._poll(), name=f"{self!r} revision poller")
 
     async def _await_subscribed(self, pubsub: PubSub) -> None:
         # The server registers the subscription only when it answers; events published before
@@ -143,11 +182,13 @@ class RedisStore:
                     return
 
     async def close(self) -> None:
-        task, self._listener = self._listener, None
-        if task is not None:
+        tasks = [t for t in (self._listener, self._poller) if t is not None]
+        self._listener = self._poller = None
+        for task in tasks:
             task.cancel()
-            # wait() rather than awaiting the task: a cancel of close() itself still propagates.
-            await asyncio.wait([task])
+        if tasks:
+            # wait() rather than awaiting the tasks: a cancel of close() itself still propagates.
+            await asyncio.wait(tasks)
         pubsub, self._pubsub = self._pubsub, None
         client, self._client = self._client, None
         await _close_quietly(pubsub, client)
@@ -159,19 +200,80 @@ class RedisStore:
             async with client.pipeline(transaction=True) as pipe:
                 for kind in CONFIG_KINDS:
                     pipe.hgetall(self._hash(kind))
+                pipe.get(self._rev_key)
                 results = await pipe.execute()
         snapshot = empty_snapshot()
-        for kind, fields in zip(CONFIG_KINDS, results, strict=True):
+        for kind, fields in zip(CONFIG_KINDS, results[:-1], strict=True):
             snapshot[kind] = {key: decode_value(kind, key, text) for key, text in fields.items()}
+        # The snapshot holds everything up to its revision: older events are stale from now on.
+        self._rev_base = int(results[-1] or 0)
+        self._revs_seen = {r for r in self._revs_seen if r > self._rev_base}
+        self._key_rev = {k: r for k, r in self._key_rev.items() if r > self._rev_base}
+        self._gap_since_poll = False
         return snapshot
 
+    @property
+    def _rev_key(self) -> str:
+        return f"{self.prefix}:rev"
+
+    def _seen(self, rev: int) -> None:
+        if rev <= self._rev_base:
+            return
+        self._revs_seen.add(rev)
+        while self._rev_base + 1 in self._revs_seen:
+            self._rev_base += 1
+            self._revs_seen.discard(self._rev_base)
+
     async def put(self, kind: Kind, key: str, value: Any) -> None:
-        text = encode_value(kind, key, value)
-        await self._write(kind, key, text, value)
+        await self.commit([Put(kind, key, value)])
 
     async def delete(self, kind: Kind, key: str) -> None:
         check_kind(kind)
-        await self._write(kind, key, None, None)
+        await self.commit([Delete(kind, key)])
+
+    async def commit(self, ops: Sequence[Op]) -> None:
+        checked = check_ops(ops)
+        if not checked:
+            return
+        client = self._live()
+        docs: list[dict[str, Any]] = []
+        for op, _ in checked:
+            if isinstance(op, DeletePrefix):
+                docs.append({"kind": op.kind, "prefix": op.prefix})
+            else:
+                docs.append({"kind": op.kind, "key": op.key, "value": getattr(op, "value", None)})
+        what = ", ".join(f"{d['kind']} {d.get('key', d.get('prefix'))!r}" for d in docs[:3])
+        with self._failing(f"commit of {what}{' ...' if len(docs) > 3 else ''}"):
+            async with client.pipeline(transaction=True) as pipe:
+                for op, text in checked:
+                    if isinstance(op, Put):
+                        assert text is not None
+                        pipe.hset(self._hash(op.kind), op.key, text)
+                    elif isinstance(op, DeletePrefix):
+                        pipe.eval(_DELETE_PREFIX_LUA, 1, self._hash(op.kind), op.prefix)
+                    else:
+                        pipe.hdel(self._hash(op.kind), op.key)
+                pipe.incr(self._rev_key)
+                # The event carries the revision the INCR will return: the script computes it
+                # inside the transaction, so it is exact even with concurrent writers.
+                pipe.eval(
+                    "return redis.call('PUBLISH', KEYS[1], string.format(ARGV[1], "
+                    "redis.call('GET', KEYS[2])))",
+                    2,
+                    self.channel,
+                    self._rev_key,
+                    orjson.dumps({"origin": self.origin, "db": self._db, "rev": 0, "ops": docs})
+                    .decode()
+                    .replace("%", "%%")
+                    .replace('"rev":0', '"rev":%s', 1),
+                )
+                results = await pipe.execute()
+        rev = int(results[-2])
+        for op, _ in checked:
+            # Selection states are never watched (and may be millions): not tracked.
+            if not isinstance(op, DeletePrefix) and op.kind != "state":
+                self._key_rev[(op.kind, op.key)] = rev
+        self._seen(rev)
 
     async def get(self, kind: Kind, key: str) -> Any | None:
         check_kind(kind)
@@ -180,22 +282,19 @@ class RedisStore:
             text = await client.hget(self._hash(kind), key)
         return None if text is None else decode_value(kind, key, text)
 
-    async def _write(self, kind: Kind, key: str, text: bytes | None, value: Any) -> None:
-        client = self._live()
-        event = orjson.dumps(
-            {"origin": self.origin, "db": self._db, "kind": kind, "key": key, "value": value}
-        )
-        with self._failing(f"{'put' if text is not None else 'delete'} {kind} {key!r}"):
-            async with client.pipeline(transaction=True) as pipe:
-                if text is None:
-                    pipe.hdel(self._hash(kind), key)
-                else:
-                    pipe.hset(self._hash(kind), key, text)
-                pipe.publish(self.channel, event)
-                await pipe.execute()
-
     def watch(self, callback: Watcher) -> None:
         self._watchers.append(callback)
+
+    def on_resync(self, callback: Resync) -> None:
+        self._resyncs.append(callback)
+
+    def _resync(self, why: str) -> None:
+        log.info("redis store %s: reloading (%s)", redact_url(self.url), why)
+        for callback in list(self._resyncs):
+            try:
+                callback()
+            except Exception:
+                log.exception("redis store resync callback %r failed", callback)
 
     async def _listen(self, pubsub: PubSub) -> None:
         delay = 0.05
@@ -204,6 +303,8 @@ class RedisStore:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
             except self._errors_caught as exc:
                 # redis-py reconnects and resubscribes on the next read; back off meanwhile.
+                # Whatever was published meanwhile is lost to us: the poller resyncs.
+                self._events_broken = True
                 log.warning("redis store %s: event listener: %s", redact_url(self.url), exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RECONNECT_MAX_S)
@@ -212,24 +313,59 @@ class RedisStore:
             if msg is not None and msg.get("type") == "message":
                 self._dispatch(msg.get("data"))
 
+    async def _poll(self) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(_POLL_S)
+            try:
+                rev = int(await self._live().get(self._rev_key) or 0)
+            except self._errors_caught as exc:
+                if not failing:
+                    log.warning("redis store %s: unreachable: %s", redact_url(self.url), exc)
+                failing = True
+                continue
+            if failing or self._events_broken:
+                # Back after an outage: what changed meanwhile came as no event to us.
+                failing = self._events_broken = False
+                self._resync("the connection to redis was lost and is back")
+            elif rev > self._rev_base:
+                if self._gap_since_poll:
+                    self._resync(f"revision {rev} is ahead of the {self._rev_base} seen")
+                self._gap_since_poll = True
+            else:
+                self._gap_since_poll = False
+
     def _dispatch(self, data: Any) -> None:
         try:
             doc = orjson.loads(data)
-            origin, db, kind, key = doc["origin"], doc["db"], doc["kind"], doc["key"]
-            value = doc["value"]
-        except (orjson.JSONDecodeError, TypeError, KeyError):
+            origin, db, rev, ops = doc["origin"], doc["db"], int(doc["rev"]), doc["ops"]
+            events = [
+                StoreEvent(op["kind"], op["key"], op["value"])
+                for op in ops
+                if "key" in op
+                and op["kind"] in KINDS
+                and op["kind"] != "state"
+                and isinstance(op["key"], str)
+            ]
+        except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):
             log.warning("redis store %s: ignoring malformed event %r", self.channel, data)
             return
         # Channels are server-wide, not per db: events of another db are another deployment's.
-        if origin == self.origin or db != self._db or kind not in KINDS or not isinstance(key, str):
+        if origin == self.origin or db != self._db:
             return
-        event = StoreEvent(kind, key, value)
-        for callback in list(self._watchers):
-            try:
-                callback(event)
-            except Exception:
-                # One failing watcher must not stop the others or the listener.
-                log.exception("redis store watcher %r failed on %r", callback, event)
+        # Drop what a later commit (ours, or a snapshot's) already superseded.
+        fresh = [e for e in events if self._key_rev.get((e.kind, e.key), self._rev_base) < rev]
+        for e in events:
+            self._key_rev[(e.kind, e.key)] = max(rev, self._key_rev.get((e.kind, e.key), 0))
+        self._seen(rev)
+        for i, e in enumerate(fresh):
+            event = StoreEvent(e.kind, e.key, e.value, last=i == len(fresh) - 1)
+            for callback in list(self._watchers):
+                try:
+                    callback(event)
+                except Exception:
+                    # One failing watcher must not stop the others or the listener.
+                    log.exception("redis store watcher %r failed on %r", callback, event)
 
 
 async def _close_quietly(pubsub: PubSub | None, client: Redis | None) -> None:

