@@ -65,7 +65,7 @@ async def run(args: argparse.Namespace) -> None:
 
     model = _make_model(args.model)
     async with Clipper(query_port=args.query_port, rpc_port=args.rpc_port, admin_port=0) as clipper:
-        clipper.register_application(
+        await clipper.register_application(
             APP,
             input_type="doubles",
             default_output="-1",
@@ -80,7 +80,7 @@ async def run(args: argparse.Namespace) -> None:
             num_replicas=args.replicas,
             batching=_batching(args),
         )
-        clipper.link_model_to_app(APP, MODEL)
+        await clipper.link_model_to_app(APP, MODEL)
         print("ready", flush=True)
         await clipper.serve_forever()
 

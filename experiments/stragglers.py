@@ -157,12 +157,12 @@ async def serve(log_dir: Path, args: argparse.Namespace) -> None:
             )
         )
         for i in range(N_MODELS):
-            c.register_application(
+            await c.register_application(
                 warmup_app(i), "doubles", "-1", round(SLO_MS * 1000), cache=False
             )
-            c.link_model_to_app(warmup_app(i), model_name(i))
+            await c.link_model_to_app(warmup_app(i), model_name(i))
         for size in args.sizes:
-            c.register_application(
+            await c.register_application(
                 app_name(size),
                 "doubles",
                 "-1",
@@ -171,7 +171,7 @@ async def serve(log_dir: Path, args: argparse.Namespace) -> None:
                 policy="exp4",
             )
             for i in range(size):
-                c.link_model_to_app(app_name(size), model_name(i))
+                await c.link_model_to_app(app_name(size), model_name(i))
         print(f"ready {c.query_url}", flush=True)
         await c.serve_forever()
 

@@ -116,10 +116,13 @@ class ClipperThread:
         return self.clipper.query_url
 
     def register_application(self, *args: Any, **kwargs: Any) -> Application:
-        return self.call(self.clipper.register_application, *args, **kwargs)
+        return self.run(self.clipper.register_application(*args, **kwargs))
+
+    def delete_application(self, name: str) -> None:
+        self.run(self.clipper.delete_application(name))
 
     def link_model_to_app(self, app_name: str, model_name: str) -> None:
-        self.call(self.clipper.link_model_to_app, app_name, model_name)
+        self.run(self.clipper.link_model_to_app(app_name, model_name))
 
     def set_model_version(self, name: str, version: str) -> None:
         self.run(self.clipper.set_model_version(name, version))

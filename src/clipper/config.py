@@ -85,6 +85,12 @@ class FrontendConfig:
     # process), "sqlite:///dir-or-file" (the CLI's default, in the state directory) or
     # "redis://host:port/db" (shared by several frontends).
     store: str = "memory://"
+    # Who runs model replicas: "local://" (child processes of this frontend) or "external://"
+    # (started by someone else; they dial in to the RPC port).
+    manager: str = "local://"
+    # This frontend's identity in the store (which unfinished version changes are its own to
+    # roll back at start-up); by default made once and kept in the state directory.
+    node_id: str | None = None
     python: str | None = None
     # Containers run this much below the frontend's CPU priority: when models and the frontend
     # compete for cores, the event loop that keeps every deadline gets them first.

@@ -1,9 +1,16 @@
 """Keeps the registry and the config store in step.
 
-Local changes (the admin API, the Python API) are written through to the store in order by one
-owned writer task; changes that other frontends wrote to a shared store arrive as store events
-and are applied to the registry without being written back. On start, the store's snapshot
-becomes the registry.
+The registry is a view of the store. A change made on this frontend is validated on a draft of
+the registry, committed to the store as one atomic write, and only then applied to the registry
+(:meth:`StoreSync.commit`): an acknowledged change is a stored change, and a change the store
+refused leaves the registry as it was. Changes that other frontends wrote to a shared store
+arrive as store events, a commit at a time; when the store says events may have been missed (a
+reconnect, a revision gap), the snapshot is loaded again and the difference applied. All three —
+local commits, remote events, reloads — end in :meth:`Registry.apply_snapshot`, whose change
+events are what the runtime follows.
+
+Selection-policy states are learned, not configured: they are written behind, by one owned
+writer task, and a lost one costs a little learning, never a promise.
 """
 
 from __future__ import annotations
@@ -11,184 +18,156 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-from clipper.errors import ClipperError
-from clipper.registry import Application, Change, ModelVersion, Registry
-from clipper.store.base import Store, StoreEvent
+from clipper.registry import Records, Registry
+from clipper.store.base import (
+    CONFIG_KINDS,
+    Delete,
+    DeletePrefix,
+    Op,
+    Put,
+    Store,
+    StoreError,
+    StoreEvent,
+)
 
-__all__ = ["StoreSync"]
+__all__ = ["StoreSync", "apply_ops", "diff_records"]
 
 log = logging.getLogger("clipper.store")
 
-_QUEUE_LIMIT = 100_000
-_Op = tuple[str, str, str, Any]  # ("put" | "delete", kind, key, value)
+_STATE_QUEUE_LIMIT = 100_000
+_MISSING = object()
+
+T = TypeVar("T")
+
+
+def diff_records(before: Records, after: Records) -> list[Op]:
+    """The store operations that turn ``before`` into ``after``."""
+    ops: list[Op] = []
+    for kind in CONFIG_KINDS:
+        old, new = before.get(kind, {}), after.get(kind, {})
+        for key, value in new.items():
+            if old.get(key, _MISSING) != value:
+                ops.append(Put(kind, key, value))
+        ops.extend(Delete(kind, key) for key in old if key not in new)
+    return ops
+
+
+def apply_ops(records: Records, ops: Sequence[Op | StoreEvent]) -> Records:
+    """``records`` with ``ops`` applied (configuration kinds only); ``records`` is not changed."""
+    out: Records = {kind: dict(records.get(kind, {})) for kind in CONFIG_KINDS}
+    for op in ops:
+        if op.kind not in out:
+            continue
+        if isinstance(op, DeletePrefix):
+            for key in [k for k in out[op.kind] if k.startswith(op.prefix)]:
+                del out[op.kind][key]
+        elif isinstance(op, Delete) or (isinstance(op, StoreEvent) and op.value is None):
+            out[op.kind].pop(op.key, None)
+        else:
+            out[op.kind][op.key] = op.value
+    return out
 
 
 class StoreSync:
-    def __init__(
-        self,
-        registry: Registry,
-        store: Store,
-        *,
-        on_remote: Callable[[Change], None] | None = None,
-    ) -> None:
+    def __init__(self, registry: Registry, store: Store) -> None:
         self.registry = registry
         self.store = store
-        self.on_remote = on_remote
-        self._queue: asyncio.Queue[_Op] = asyncio.Queue(_QUEUE_LIMIT)
+        # Serializes this frontend's commits and reloads: a draft is validated against the
+        # registry that its commit will be applied to.
+        self.lock = asyncio.Lock()
+        self._pending: list[StoreEvent] = []
+        self._states: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(_STATE_QUEUE_LIMIT)
         self._writer: asyncio.Task[None] | None = None
-        self._applying = False
+        self._reloads: set[asyncio.Task[None]] = set()
+        self._reload_wanted = False
 
     async def start(self) -> None:
-        """Load the store into the (empty) registry, then follow both directions."""
-        snapshot = await self.store.load()
-        self._applying = True
-        try:
-            r = self.registry
-            for record in snapshot["app"].values():
-                self._guard(lambda: r.add_app(Application.from_record(record)))  # noqa: B023
-            for record in snapshot["model"].values():
-                self._guard(lambda: r.add_model(ModelVersion.from_record(record)))  # noqa: B023
-            for name, version in snapshot["current"].items():
-                self._guard(lambda: r.set_model_version(name, version))  # noqa: B023
-            for app, models in snapshot["links"].items():
-                for model in models:
-                    self._guard(lambda: r.link(app, model))  # noqa: B023
-        finally:
-            self._applying = False
-        self.registry.subscribe(self._on_change)
+        """Make the registry equal to the store, then follow the store's events."""
+        self.registry.apply_snapshot(await self.store.load())
         self.store.watch(self._on_event)
-        self._writer = asyncio.create_task(self._write(), name="clipper-store-writer")
+        self.store.on_resync(self.request_reload)
+        self._writer = asyncio.create_task(self._write_states(), name="clipper-state-writer")
 
     async def stop(self) -> None:
-        """Write what is queued, then stop the writer."""
+        """Write the queued selection states (bounded), then stop."""
+        for task in list(self._reloads):
+            task.cancel()
+        await asyncio.gather(*self._reloads, return_exceptions=True)
         if self._writer is None:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._queue.join(), 10.0)
+            await asyncio.wait_for(self._states.join(), 10.0)
         self._writer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._writer
         self._writer = None
 
-    def _guard(self, action: Callable[[], None]) -> None:
-        """Apply one record; a bad one is logged and skipped, never fatal (the lambdas are
-        called at once, so their loop variables are the current ones)."""
-        try:
-            action()
-        except (ClipperError, KeyError, TypeError, ValueError) as e:
-            log.warning("store record not applied: %s", e)
+    # -- local changes -------------------------------------------------------------------------
+    async def commit(self, mutate: Callable[[Registry], T], extra: Sequence[Op] = ()) -> T:
+        """Validate ``mutate`` on a draft of the registry, commit the difference (and
+        ``extra``) to the store, then apply it. Raises what ``mutate`` raises, or
+        :class:`StoreError` — in both cases nothing changed."""
+        async with self.lock:
+            draft = self.registry.copy()
+            result = mutate(draft)
+            ops = diff_records(self.registry.records(), draft.records()) + list(extra)
+            if ops:
+                await self.store.commit(ops)
+                # Applied to the registry as it is now: an event from another frontend may
+                # have landed while the commit was in flight, and must not be undone.
+                self.registry.apply_snapshot(apply_ops(self.registry.records(), ops))
+            return result
 
-    # local change -> store
-    def _on_change(self, change: Change) -> None:
-        if self._applying:
-            return  # it came from the store
-        r = self.registry
-        ops: list[_Op] = []
-        if change.kind == "app":
-            if change.op == "delete":
-                ops += [
-                    ("delete", "app", change.name, None),
-                    ("delete", "links", change.name, None),
-                ]
-            else:
-                ops.append(("put", "app", change.name, r.apps[change.name].to_record()))
-                ops.append(("put", "links", change.name, r.linked_models(change.name)))
-        elif change.kind in ("model", "replicas"):
-            assert change.version is not None
-            key = f"{change.name}:{change.version}"
-            if change.op == "delete":
-                ops.append(("delete", "model", key, None))
-                if change.name not in r.current:
-                    ops.append(("delete", "current", change.name, None))
-            else:
-                mv = r.models[change.name][change.version]
-                ops.append(("put", "model", key, mv.to_record()))
-        elif change.kind == "version":
-            ops.append(("put", "current", change.name, r.current[change.name]))
-        elif change.kind == "link":
-            ops.append(("put", "links", change.name, r.linked_models(change.name)))
-        for op in ops:
-            try:
-                self._queue.put_nowait(op)
-            except asyncio.QueueFull:
-                log.warning("the store writer is %d changes behind; dropping %s", _QUEUE_LIMIT, op)
-
-    def write(self, kind: str, key: str, value: Any) -> None:
-        """Queue a write that is not a registry change (selection-policy state)."""
+    def write_state(self, key: str, value: Any) -> None:
+        """Queue a selection-policy state write (``app:uid``)."""
         try:
-            self._queue.put_nowait(("put", kind, key, value))
+            self._states.put_nowait((key, value))
         except asyncio.QueueFull:
             log.warning(
-                "the store writer is %d changes behind; dropping %s/%s", _QUEUE_LIMIT, kind, key
+                "the state writer is %d writes behind; dropping %s", _STATE_QUEUE_LIMIT, key
             )
 
-    async def _write(self) -> None:
+    async def _write_states(self) -> None:
         while True:
-            verb, kind, key, value = await self._queue.get()
+            key, value = await self._states.get()
             try:
-                if verb == "put":
-                    await self.store.put(kind, key, value)  # type: ignore[arg-type]
-                else:
-                    await self.store.delete(kind, key)  # type: ignore[arg-type]
+                await self.store.put("state", key, value)
+            except StoreError as e:
+                log.warning("a selection state was not stored: %s", e)
             except Exception:
-                log.exception("writing %s %s/%s to the store failed", verb, kind, key)
+                log.exception("writing selection state %s failed", key)
             finally:
-                self._queue.task_done()
+                self._states.task_done()
 
-    # store event (another frontend) -> registry
+    # -- other frontends -----------------------------------------------------------------------
     def _on_event(self, event: StoreEvent) -> None:
-        seen: list[Change] = []
-        self.registry.subscribe(seen.append)
-        self._applying = True
-        try:
-            self._guard(lambda: self._apply(event))
-        finally:
-            self._applying = False
-            self.registry.unsubscribe(seen.append)
-        if self.on_remote is not None:
-            for change in seen:
-                self.on_remote(change)
+        self._pending.append(event)
+        if not event.last:
+            return  # the rest of the commit follows
+        ops, self._pending = self._pending, []
+        self.registry.apply_snapshot(apply_ops(self.registry.records(), ops))
 
-    def _apply(self, event: StoreEvent) -> None:
-        r, kind, key, value = self.registry, event.kind, event.key, event.value
-        if kind == "app":
-            if value is None:
-                if key in r.apps:
-                    r.delete_app(key)
+    def request_reload(self) -> None:
+        """Load the snapshot again and apply the difference (events may have been missed)."""
+        if self._reload_wanted:
+            return
+        self._reload_wanted = True
+        task = asyncio.get_running_loop().create_task(self._reload(), name="clipper-store-reload")
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
+
+    async def _reload(self) -> None:
+        async with self.lock:
+            self._reload_wanted = False
+            try:
+                snapshot = await self.store.load()
+            except StoreError as e:
+                log.warning("reloading the configuration failed (retried on the next sign): %s", e)
                 return
-            app = Application.from_record(value)
-            if key in r.apps:
-                fields = app.to_record()
-                del fields["name"], fields["input_type"]
-                if r.apps[key].to_record() != app.to_record():
-                    r.update_app(key, **fields)
-            else:
-                r.add_app(app)
-        elif kind == "model":
-            name, _, version = key.partition(":")
-            exists = version in r.models.get(name, {})
-            if value is None:
-                if exists:
-                    r.delete_model_version(name, version)
-                return
-            mv = ModelVersion.from_record(value)
-            if not exists:
-                r.add_model(mv)
-            elif r.models[name][version].to_record() != mv.to_record():
-                r.replace_model(mv)
-        elif kind == "current":
-            if value is None:
-                r.current.pop(key, None)
-            elif r.current.get(key) != value:
-                r.set_model_version(key, value)
-        elif kind == "links":
-            wanted = list(value or [])
-            for model in r.linked_models(key):
-                if model not in wanted:
-                    r.unlink(key, model)
-            for model in wanted:
-                if model not in r.linked_models(key):
-                    r.link(key, model)
+            self._pending = []
+            changes = self.registry.apply_snapshot(snapshot)
+            if changes:
+                log.info("reloaded the configuration from the store: %d changes", len(changes))

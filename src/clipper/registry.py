@@ -1,15 +1,19 @@
-"""Applications, model versions and links: the in-process registry.
+"""Applications, model versions, links and version changes under way: the in-process registry.
 
-Data only, no I/O. Every change is announced to listeners as a :class:`Change`, which is the seam
-where the persistent config store (SQLite/Redis) and the runtime (queues, replicas) attach.
+Data only, no I/O. The registry is a view of the config store: the write side validates a change
+on a :meth:`Registry.copy`, commits the difference to the store, and only then makes the registry
+equal to the copy with :meth:`Registry.apply_snapshot` — the same call that applies another
+frontend's changes and the snapshot loaded at start-up. Every difference is announced to
+listeners as a :class:`Change`: the seam where the runtime (queues, replicas) attaches.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 
@@ -17,7 +21,12 @@ from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
 
-__all__ = ["Application", "Change", "ModelVersion", "Registry", "embed_output"]
+__all__ = ["Application", "Change", "Intent", "ModelVersion", "Registry", "embed_output"]
+
+log = logging.getLogger("clipper.registry")
+
+# Snapshot of the registry as store records: kind -> key -> JSON value.
+Records = dict[str, dict[str, Any]]
 
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
 
@@ -150,6 +159,9 @@ class ModelVersion:
     container_name: str = "clipper-serve/python"
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     num_replicas: int = 1
+    # Runs even when it is not the model's current version (deployed with set_current=False,
+    # or kept after a switch with retire_previous=False): for queries that pin it.
+    keep: bool = False
 
     def __post_init__(self) -> None:
         check_name("model", self.name)
@@ -171,6 +183,7 @@ class ModelVersion:
             "container_name": self.container_name,
             "batching": self.batching.to_dict(),
             "num_replicas": self.num_replicas,
+            "keep": self.keep,
         }
 
     @classmethod
@@ -184,12 +197,46 @@ class ModelVersion:
             container_name=r.get("container_name", "clipper-serve/python"),
             batching=BatchingConfig(**r.get("batching", {})),
             num_replicas=int(r.get("num_replicas", 1)),
+            keep=bool(r.get("keep", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """A version change under way, recorded before it starts: switch ``name`` to ``version``
+    (``added``: the change registered that version). A frontend that crashed with it unfinished
+    rolls it back on start-up; ``owner`` is the frontend's node id, so that on a shared store
+    each frontend recovers only its own."""
+
+    name: str
+    version: str
+    previous: str | None
+    added: bool
+    owner: str
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "previous": self.previous,
+            "added": self.added,
+            "owner": self.owner,
+        }
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> Intent:
+        return cls(
+            name=str(r["name"]),
+            version=str(r["version"]),
+            previous=None if r.get("previous") is None else str(r["previous"]),
+            added=bool(r.get("added", False)),
+            owner=str(r.get("owner", "")),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    kind: Literal["app", "model", "link", "version", "replicas"]
+    kind: Literal["app", "model", "link", "version", "replicas", "intent"]
     op: Literal["add", "update", "delete"]
     name: str
     version: str | None = None
@@ -207,7 +254,105 @@ class Registry:
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.current: dict[str, str] = {}
         self.links: dict[str, list[str]] = {}
+        # model name -> the version change under way for it (at most one at a time)
+        self.intents: dict[str, Intent] = {}
         self._listeners: list[Listener] = []
+
+    def copy(self) -> Registry:
+        """A draft with the same contents and no listeners: validate a change on it."""
+        r = Registry()
+        r.apps = dict(self.apps)
+        r.models = {name: dict(versions) for name, versions in self.models.items()}
+        r.current = dict(self.current)
+        r.links = {app: list(models) for app, models in self.links.items()}
+        r.intents = dict(self.intents)
+        return r
+
+    def records(self) -> Records:
+        """The registry as the store holds it (one record per key, in the store's kinds)."""
+        return {
+            "app": {name: app.to_record() for name, app in self.apps.items()},
+            "model": {
+                f"{mv.name}:{mv.version}": mv.to_record()
+                for versions in self.models.values()
+                for mv in versions.values()
+            },
+            "current": dict(self.current),
+            "links": {app: list(models) for app, models in self.links.items()},
+            "intent": {name: i.to_record() for name, i in self.intents.items()},
+        }
+
+    def apply_snapshot(self, target: Records) -> list[Change]:
+        """Make the registry equal to ``target`` (store records), announcing each difference.
+
+        Additions go in dependency order (applications, models, current versions, links) and
+        removals in reverse, so every listener sees a consistent registry. A record that does
+        not parse is skipped with a warning: one bad record must not stop a frontend."""
+        before = self.records()
+        changes: list[Change] = []
+        apps = _parsed(target.get("app", {}), Application.from_record)
+        models = _parsed(target.get("model", {}), ModelVersion.from_record)
+        intents = _parsed(target.get("intent", {}), Intent.from_record)
+        for name, app in apps.items():
+            old = self.apps.get(name)
+            if old is not None and old.input_type is not app.input_type:
+                self._drop_app(name, changes)  # an input type never changes in place
+                old = None
+            if old is None or before["app"].get(name) != target["app"][name]:
+                self.apps[name] = app
+                self.links.setdefault(name, [])
+                changes.append(Change("app", "add" if old is None else "update", name))
+        for key, mv in models.items():
+            old_record = before["model"].get(key)
+            if old_record != target["model"][key]:
+                self.models.setdefault(mv.name, {})[mv.version] = mv
+                op: Literal["add", "update"] = "add" if old_record is None else "update"
+                changes.append(Change("model", op, mv.name, mv.version))
+        for name, version in target.get("current", {}).items():
+            if (
+                isinstance(version, str)
+                and version in self.models.get(name, {})
+                and self.current.get(name) != version
+            ):
+                self.current[name] = version
+                changes.append(Change("version", "update", name, version))
+        for app_name, wanted in target.get("links", {}).items():
+            if (
+                app_name in self.apps
+                and isinstance(wanted, list)
+                and self.links.get(app_name) != wanted
+            ):
+                self.links[app_name] = [str(m) for m in wanted]
+                changes.append(Change("link", "update", app_name))
+        for name, intent in intents.items():
+            if self.intents.get(name) != intent:
+                op = "add" if name not in self.intents else "update"
+                self.intents[name] = intent
+                changes.append(Change("intent", op, name, intent.version))
+        for name in [n for n in self.intents if n not in intents]:
+            gone = self.intents.pop(name)
+            changes.append(Change("intent", "delete", name, gone.version))
+        for name in [n for n in self.current if n not in target.get("current", {})]:
+            del self.current[name]
+            changes.append(Change("version", "delete", name))
+        for key in [k for k in before["model"] if k not in models]:
+            name, _, version = key.partition(":")
+            del self.models[name][version]
+            if not self.models[name]:
+                del self.models[name]
+            if self.current.get(name) == version:
+                del self.current[name]
+            changes.append(Change("model", "delete", name, version))
+        for name in [n for n in self.apps if n not in apps]:
+            self._drop_app(name, changes)
+        for change in changes:
+            self._emit(change)
+        return changes
+
+    def _drop_app(self, name: str, changes: list[Change]) -> None:
+        del self.apps[name]
+        self.links.pop(name, None)
+        changes.append(Change("app", "delete", name))
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -346,3 +491,41 @@ class Registry:
 
     def linked_models(self, app_name: str) -> list[str]:
         return list(self.links.get(app_name, ()))
+
+    # version changes under way
+    def begin_intent(self, intent: Intent) -> None:
+        under_way = self.intents.get(intent.name)
+        if under_way is not None:
+            raise RegistryError(
+                f"a version change of model '{intent.name}' (to version '{under_way.version}') "
+                "is under way; retry when it has finished"
+            )
+        self.intents[intent.name] = intent
+        self._emit(Change("intent", "add", intent.name, intent.version))
+
+    def end_intent(self, name: str) -> None:
+        gone = self.intents.pop(name, None)
+        if gone is not None:
+            self._emit(Change("intent", "delete", name, gone.version))
+
+    def runs(self, mv: ModelVersion) -> bool:
+        """Whether ``mv`` should have replicas: it is current, kept, or being switched to."""
+        intent = self.intents.get(mv.name)
+        return (
+            mv.keep
+            or self.current.get(mv.name) == mv.version
+            or (intent is not None and intent.version == mv.version)
+        )
+
+
+T = TypeVar("T")
+
+
+def _parsed(records: dict[str, Any], parse: Callable[[dict[str, Any]], T]) -> dict[str, T]:
+    out: dict[str, T] = {}
+    for key, record in records.items():
+        try:
+            out[key] = parse(record)
+        except (ClipperError, KeyError, TypeError, ValueError, AttributeError) as e:
+            log.warning("store record %r not applied: %s", key, e)
+    return out

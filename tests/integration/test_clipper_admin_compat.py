@@ -181,7 +181,7 @@ async def test_registered_model_without_artifact_cannot_scale(
 
 async def test_inspect_instance(clipper: Clipper, conn: ClipperConnection) -> None:
     """GET /metrics with requests' ``Accept: */*``, decoded with ``.json()``."""
-    clipper.register_application("inspected", "doubles", "-1.0", 1_000_000)
+    await clipper.register_application("inspected", "doubles", "-1.0", 1_000_000)
     await predict_ok(clipper.query_url, "inspected", {"input": [1.0]})
     metrics = await call(conn.inspect_instance)
     assert isinstance(metrics, dict)

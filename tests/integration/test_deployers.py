@@ -173,9 +173,9 @@ async def test_framework_model_serves_its_own_predictions(
     artifact = package(model, tmp_path / f"m-{name}")
     assert orjson.loads((artifact / "clipper-model.json").read_bytes())["framework"] == framework
     app, model_name = f"app-{name}", f"m-{name}"
-    clipper.register_application(app, "doubles", "-1", SLO_US)
+    await clipper.register_application(app, "doubles", "-1", SLO_US)
     await clipper.deploy_model(model_name, "1", artifact=str(artifact), input_type="doubles")
-    clipper.link_model_to_app(app, model_name)
+    await clipper.link_model_to_app(app, model_name)
 
     doc = await predict_ok(clipper.query_url, app, {"input_batch": rows.tolist()})
     answers = doc["batch_predictions"]

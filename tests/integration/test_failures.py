@@ -38,8 +38,8 @@ async def metrics_json(c: Clipper) -> dict[str, float]:
 async def test_slow_model_answers_the_default_at_the_slo() -> None:
     async with frontend() as c:
         await c.deploy_model("slow", "1", models.slow_sums, input_type="doubles")
-        c.register_application("app", "doubles", "-1.0", 50_000)  # 50 ms; the model takes 300
-        c.link_model_to_app("app", "slow")
+        await c.register_application("app", "doubles", "-1.0", 50_000)  # 50 ms; the model takes 300
+        await c.link_model_to_app("app", "slow")
 
         resp = await predict(c.query_url, "app", {"input": [2.0]})
         assert resp.status == 200
@@ -66,8 +66,8 @@ async def test_slow_model_answers_the_default_at_the_slo() -> None:
 async def test_model_exception_answers_the_default_and_the_model_keeps_serving() -> None:
     async with frontend() as c:
         await c.deploy_model("fragile", "1", models.fragile_sums, input_type="doubles")
-        c.register_application("app", "doubles", "-1.0", 2_000_000)
-        c.link_model_to_app("app", "fragile")
+        await c.register_application("app", "doubles", "-1.0", 2_000_000)
+        await c.link_model_to_app("app", "fragile")
 
         bad = await predict_ok(c.query_url, "app", {"input": [-1.0, 5.0]})
         assert bad["default"] is True
@@ -96,8 +96,8 @@ async def test_replica_killed_under_load_loses_no_query_and_is_restarted() -> No
         await c.deploy_model(
             "steady", "1", models.steady_sums, input_type="doubles", num_replicas=2
         )
-        c.register_application("app", "doubles", "-1.0", int(slo_s * 1e6))
-        c.link_model_to_app("app", "steady")
+        await c.register_application("app", "doubles", "-1.0", int(slo_s * 1e6))
+        await c.link_model_to_app("app", "steady")
         sched = c.schedulers[("steady", "1")]
         assert len(sched.replicas) == 2
         todo = list(range(n_queries))
@@ -165,8 +165,8 @@ async def test_replica_killed_under_load_loses_no_query_and_is_restarted() -> No
 async def test_only_replica_killed_answers_no_replica_then_recovers() -> None:
     async with frontend() as c:
         await c.deploy_model("m", "1", models.row_sums, input_type="doubles")
-        c.register_application("app", "doubles", "-1.0", 2_000_000)
-        c.link_model_to_app("app", "m")
+        await c.register_application("app", "doubles", "-1.0", 2_000_000)
+        await c.link_model_to_app("app", "m")
         sched = c.schedulers[("m", "1")]
         proc = c.manager.replicas("m", "1")[0]
         assert proc.pid is not None
@@ -191,10 +191,10 @@ async def test_overload_sheds_with_default_or_rejects_with_503() -> None:
         await c.deploy_model(
             "slow", "1", models.slow_sums, input_type="doubles", batching=one_at_a_time
         )
-        c.register_application("shed", "doubles", "-1.0", 5_000_000)
-        c.register_application("reject", "doubles", "-1.0", 5_000_000, overload="reject")
-        c.link_model_to_app("shed", "slow")
-        c.link_model_to_app("reject", "slow")
+        await c.register_application("shed", "doubles", "-1.0", 5_000_000)
+        await c.register_application("reject", "doubles", "-1.0", 5_000_000, overload="reject")
+        await c.link_model_to_app("shed", "slow")
+        await c.link_model_to_app("reject", "slow")
 
         # One batch in flight, `capacity` queued; the rest are shed on arrival.
         shed = await asyncio.gather(
@@ -244,10 +244,10 @@ async def test_a_query_joining_an_in_flight_input_keeps_its_own_deadline() -> No
         await c.deploy_model(
             "slow", "1", models.slow_sums, input_type="doubles", batching=one_at_a_time
         )
-        c.register_application("tight", "doubles", "-1.0", 100_000)
-        c.register_application("loose", "doubles", "-1.0", 3_000_000)
-        c.link_model_to_app("tight", "slow")
-        c.link_model_to_app("loose", "slow")
+        await c.register_application("tight", "doubles", "-1.0", 100_000)
+        await c.register_application("loose", "doubles", "-1.0", 3_000_000)
+        await c.link_model_to_app("tight", "slow")
+        await c.link_model_to_app("loose", "slow")
         sched = c.schedulers[("slow", "1")]
 
         # Keep the only replica busy for 300 ms.
@@ -273,8 +273,8 @@ async def test_a_query_joining_an_in_flight_input_keeps_its_own_deadline() -> No
 async def test_refused_redeploy_of_an_existing_version_changes_nothing() -> None:
     async with frontend() as c:
         await c.deploy_model("m", "1", models.version_one, input_type="doubles")
-        c.register_application("app", "doubles", "-1.0", 2_000_000)
-        c.link_model_to_app("app", "m")
+        await c.register_application("app", "doubles", "-1.0", 2_000_000)
+        await c.link_model_to_app("app", "m")
         doc = await predict_ok(c.query_url, "app", {"input": [1.0]})
         assert doc["output"] == {"version": 1, "sum": 1.0}
 
@@ -298,8 +298,8 @@ async def test_refused_redeploy_of_an_existing_version_changes_nothing() -> None
 async def test_scaling_to_zero_answers_no_connected_models() -> None:
     async with frontend() as c:
         await c.deploy_model("m", "1", models.row_sums, input_type="doubles")
-        c.register_application("app", "doubles", "-1.0", 2_000_000)
-        c.link_model_to_app("app", "m")
+        await c.register_application("app", "doubles", "-1.0", 2_000_000)
+        await c.link_model_to_app("app", "m")
         assert (await predict_ok(c.query_url, "app", {"input": [2.0]}))["output"] == 2.0
         pid = c.manager.replicas("m", "1")[0].pid
         assert pid is not None
@@ -322,8 +322,8 @@ async def test_scaling_to_zero_answers_no_connected_models() -> None:
 async def test_deleting_the_model_version_answers_no_connected_models() -> None:
     async with frontend() as c:
         await c.deploy_model("m", "1", models.row_sums, input_type="doubles")
-        c.register_application("app", "doubles", "-1.0", 2_000_000)
-        c.link_model_to_app("app", "m")
+        await c.register_application("app", "doubles", "-1.0", 2_000_000)
+        await c.link_model_to_app("app", "m")
         assert (await predict_ok(c.query_url, "app", {"input": [2.0]}))["default"] is False
         pid = c.manager.replicas("m", "1")[0].pid
         assert pid is not None

@@ -61,8 +61,8 @@ async def served() -> AsyncIterator[Clipper]:
             input_type="floats",
             batching=BatchingConfig(max_wait_micros=1000),
         )
-        c.register_application("bench", "floats", "-1.0", 1_000_000)
-        c.link_model_to_app("bench", "sums")
+        await c.register_application("bench", "floats", "-1.0", 1_000_000)
+        await c.link_model_to_app("bench", "sums")
         yield c
 
 

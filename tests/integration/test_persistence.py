@@ -25,10 +25,10 @@ async def test_a_restarted_frontend_serves_what_it_served_with_no_manual_step(
         "state_dir": tmp_path, "store": f"sqlite:///{tmp_path}",
     }  # fmt: skip
     async with Clipper(**settings) as c:  # type: ignore[arg-type]
-        c.register_application("sums", "doubles", "-1", 1_000_000, cache=False)
+        await c.register_application("sums", "doubles", "-1", 1_000_000, cache=False)
         await c.deploy_model("summer", "1", row_sums, input_type="doubles", num_replicas=2)
-        c.link_model_to_app("sums", "summer")
-        c.registry.update_app("sums", latency_slo_micros=900_000)
+        await c.link_model_to_app("sums", "summer")
+        await c.update_application("sums", latency_slo_micros=900_000)
         before = await predict_ok(c.query_url, "sums", {"input": [1.0, 2.0]})
     assert before["output"] == 3.0
 
@@ -60,17 +60,17 @@ async def test_two_frontends_on_one_redis_see_each_others_changes_within_a_secon
         Clipper(state_dir=tmp_path / "b", **common) as b,  # type: ignore[arg-type]
     ):
         loop = asyncio.get_running_loop()
-        a.register_application("shared", "doubles", "-1", 1_000_000)
+        await a.register_application("shared", "doubles", "-1", 1_000_000)
         t0 = loop.time()
         await wait_for(lambda: "shared" in b.registry.apps, limit_s=1.0, what="the app on b")
         assert loop.time() - t0 < 1.0
         # a deploys and links; b starts its own replicas of the same artifact and serves it
         await a.deploy_model("summer", "1", row_sums, input_type="doubles")
-        a.link_model_to_app("shared", "summer")
+        await a.link_model_to_app("shared", "summer")
         await wait_for(lambda: b.registry.links.get("shared") == ["summer"], limit_s=1.0)
         await b.wait_for_replicas("summer", "1", 1, ready_timeout_s=30)
         answer = await predict_ok(b.query_url, "shared", {"input": [2.0, 3.0]})
         assert answer == {**answer, "output": 5.0, "default": False}
         # and back: an SLO change made on b reaches a
-        b.registry.update_app("shared", latency_slo_micros=500_000)
+        await b.update_application("shared", latency_slo_micros=500_000)
         await wait_for(lambda: a.registry.apps["shared"].latency_slo_micros == 500_000, limit_s=1.0)

@@ -50,19 +50,19 @@ async def clipper() -> AsyncIterator[Clipper]:
             c.deploy_model("versioned", "1", models.version_one, input_type="doubles"),
         )
         for app, (itype, name, _) in DEPLOYED.items():
-            c.register_application(app, itype, "-1.0", SLO_US)
-            c.link_model_to_app(app, name)
-        c.register_application("nonce-uncached", "doubles", "-1.0", SLO_US, cache=False)
-        c.link_model_to_app("nonce-uncached", "nonce")
-        c.register_application("ver", "doubles", "-1.0", SLO_US)
-        c.link_model_to_app("ver", "versioned")
+            await c.register_application(app, itype, "-1.0", SLO_US)
+            await c.link_model_to_app(app, name)
+        await c.register_application("nonce-uncached", "doubles", "-1.0", SLO_US, cache=False)
+        await c.link_model_to_app("nonce-uncached", "nonce")
+        await c.register_application("ver", "doubles", "-1.0", SLO_US)
+        await c.link_model_to_app("ver", "versioned")
         # v2 becomes current once its replica is connected.
         await c.deploy_model(
             "versioned", "2", models.version_two, input_type="doubles", retire_previous=False
         )
-        c.register_application("lonely", "doubles", "-1.0", SLO_US)
-        c.register_application("lonely-obj", "doubles", '{"label": "none"}', SLO_US)
-        c.register_application("lonely-str", "strings", "not available", SLO_US)
+        await c.register_application("lonely", "doubles", "-1.0", SLO_US)
+        await c.register_application("lonely-obj", "doubles", '{"label": "none"}', SLO_US)
+        await c.register_application("lonely-str", "strings", "not available", SLO_US)
         yield c
 
 

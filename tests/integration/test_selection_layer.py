@@ -73,12 +73,12 @@ async def test_every_policy_is_selectable_through_the_admin_api(clipper: Clipper
 async def test_feedback_teaches_the_policy_which_model_is_right(clipper: Clipper) -> None:
     c = clipper
     await deploy(c, ("right", models.label_of), ("wrong", models.off_by_one))
-    c.register_application(
+    await c.register_application(
         "learn", "doubles", "-1", 2_000_000,
         policy="epsilon_greedy", policy_params={"epsilon": 0.0},
     )  # fmt: skip
-    c.link_model_to_app("learn", "right")
-    c.link_model_to_app("learn", "wrong")
+    await c.link_model_to_app("learn", "right")
+    await c.link_model_to_app("learn", "wrong")
     for k in range(1, 9):
         await feedback(c, "learn", {"input": [float(k)], "label": k})
     answers = [await predict_ok(c.query_url, "learn", {"input": [float(k)]}) for k in range(20, 30)]
@@ -88,7 +88,7 @@ async def test_feedback_teaches_the_policy_which_model_is_right(clipper: Clipper
 
 async def test_bad_feedback_is_a_clear_error(clipper: Clipper) -> None:
     c = clipper
-    c.register_application("fb", "doubles", "-1", 1_000_000, policy="exp3")
+    await c.register_application("fb", "doubles", "-1", 1_000_000, policy="exp3")
     for body, status, fragment in (
         (b"{", 400, b"Error parsing JSON"),
         (b'{"input": [1.0]}', 400, b"needs keys input and label"),
@@ -109,12 +109,12 @@ async def test_per_user_state_survives_a_restart(tmp_path: Path) -> None:
     }  # fmt: skip
     async with Clipper(**settings) as c:
         await deploy(c, ("plus1", models.off_by_one), ("plus2", models.off_by_two))
-        c.register_application(
+        await c.register_application(
             "users", "doubles", "-1", 2_000_000, cache=False,
             policy="epsilon_greedy", policy_params={"epsilon": 0.0},
         )  # fmt: skip
-        c.link_model_to_app("users", "plus1")
-        c.link_model_to_app("users", "plus2")
+        await c.link_model_to_app("users", "plus1")
+        await c.link_model_to_app("users", "plus2")
         for k in range(5):  # alice's labels are x+2, bob's x+1
             await feedback(c, "users", {"input": [float(k)], "label": k + 2, "uid": "alice"})
             await feedback(c, "users", {"input": [float(k)], "label": k + 1, "uid": "bob"})
@@ -132,11 +132,13 @@ async def test_per_user_state_survives_a_restart(tmp_path: Path) -> None:
 async def test_low_confidence_answers_the_default_with_the_reason(clipper: Clipper) -> None:
     c = clipper
     await deploy(c, ("a", models.label_of), ("b", models.label_of), ("c", models.off_by_one))
-    c.register_application("vote", "doubles", "-1", 2_000_000, policy="exp4", min_confidence=0.9)
-    c.register_application("vote-lax", "doubles", "-1", 2_000_000, policy="exp4")
+    await c.register_application(
+        "vote", "doubles", "-1", 2_000_000, policy="exp4", min_confidence=0.9
+    )
+    await c.register_application("vote-lax", "doubles", "-1", 2_000_000, policy="exp4")
     for app in ("vote", "vote-lax"):
         for m in ("a", "b", "c"):
-            c.link_model_to_app(app, m)
+            await c.link_model_to_app(app, m)
     strict = await predict_ok(c.query_url, "vote", {"input": [5.0]})
     assert strict["default"] is True and strict["output"] == -1
     assert strict["default_explanation"].startswith("Confidence 0.67 is below")
@@ -151,9 +153,9 @@ async def test_low_confidence_answers_the_default_with_the_reason(clipper: Clipp
 async def test_stragglers_are_left_out_at_the_deadline(clipper: Clipper) -> None:
     c = clipper
     await deploy(c, ("fast", models.label_of), ("slow", models.slow_label_of))
-    c.register_application("race", "doubles", "-1", 150_000, policy="exp4", cache=False)
-    c.link_model_to_app("race", "fast")
-    c.link_model_to_app("race", "slow")
+    await c.register_application("race", "doubles", "-1", 150_000, policy="exp4", cache=False)
+    await c.link_model_to_app("race", "fast")
+    await c.link_model_to_app("race", "slow")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     doc = await predict_ok(c.query_url, "race", {"input": [7.0]})
@@ -168,10 +170,10 @@ async def test_stragglers_are_left_out_at_the_deadline(clipper: Clipper) -> None
 async def test_online_learning_sends_feedback_to_models_with_update(clipper: Clipper) -> None:
     c = clipper
     await c.deploy_model("counter", "1", models.Counter(), input_type="doubles")
-    c.register_application(
+    await c.register_application(
         "online", "doubles", "-1", 2_000_000, cache=False, policy="exp3", online_learning=True
     )
-    c.link_model_to_app("online", "counter")
+    await c.link_model_to_app("online", "counter")
     assert (await predict_ok(c.query_url, "online", {"input": [1.0]}))["output"] == 0
     for k in range(3):
         await feedback(c, "online", {"input": [float(k)], "label": k})

@@ -41,11 +41,11 @@ async def served() -> AsyncIterator[tuple[Clipper, str]]:
             c.deploy_model("sums", "1", models.row_sums, input_type="doubles", batching=batching),
             c.deploy_model("shout", "1", models.shout, input_type="strings", batching=batching),
         )
-        c.register_application("doubles", "doubles", "-1.0", SLO_US)
-        c.link_model_to_app("doubles", "sums")
-        c.register_application("words", "strings", "-1.0", SLO_US)
-        c.link_model_to_app("words", "shout")
-        c.register_application("lonely", "doubles", "-1.0", SLO_US)
+        await c.register_application("doubles", "doubles", "-1.0", SLO_US)
+        await c.link_model_to_app("doubles", "sums")
+        await c.register_application("words", "strings", "-1.0", SLO_US)
+        await c.link_model_to_app("words", "shout")
+        await c.register_application("lonely", "doubles", "-1.0", SLO_US)
         assert isinstance(c.grpc, V2GrpcServer) and c.grpc.port > 0
         yield c, f"127.0.0.1:{c.grpc.port}"
 
@@ -223,8 +223,8 @@ async def test_overload_is_unavailable() -> None:
         await c.deploy_model(
             "slow", "1", models.slow_sums, input_type="doubles", batching=one_at_a_time
         )
-        c.register_application("busy", "doubles", "-1.0", 5_000_000, overload="reject")
-        c.link_model_to_app("busy", "slow")
+        await c.register_application("busy", "doubles", "-1.0", 5_000_000, overload="reject")
+        await c.link_model_to_app("busy", "slow")
         assert c.grpc is not None
         client = aioclient.InferenceServerClient(url=f"127.0.0.1:{c.grpc.port}")
 

@@ -39,12 +39,12 @@ async def clipper() -> AsyncIterator[Clipper]:
             c.deploy_model("sums", "1", models.row_sums, input_type="doubles", batching=batching),
             c.deploy_model("shout", "1", models.shout, input_type="strings", batching=batching),
         )
-        c.register_application("doubles", "doubles", "-1.0", SLO_US)
-        c.link_model_to_app("doubles", "sums")
-        c.register_application("words", "strings", "-1.0", SLO_US)
-        c.link_model_to_app("words", "shout")
-        c.register_application("lonely", "doubles", "-1.0", SLO_US)
-        c.register_application("lonely-int", "integers", "0", SLO_US)
+        await c.register_application("doubles", "doubles", "-1.0", SLO_US)
+        await c.link_model_to_app("doubles", "sums")
+        await c.register_application("words", "strings", "-1.0", SLO_US)
+        await c.link_model_to_app("words", "shout")
+        await c.register_application("lonely", "doubles", "-1.0", SLO_US)
+        await c.register_application("lonely-int", "integers", "0", SLO_US)
         yield c
 
 
@@ -300,7 +300,7 @@ async def test_unknown_model_metadata_is_404(clipper: Clipper) -> None:
 
 
 async def test_app_named_v2_keeps_its_predict_route(clipper: Clipper) -> None:
-    clipper.register_application("v2", "doubles", "-1.0", SLO_US)
+    await clipper.register_application("v2", "doubles", "-1.0", SLO_US)
     resp = await post_json(f"{clipper.query_url}/v2/predict", {"input": [1.0]})
     assert resp.status == 200
     assert resp.json()["default"] is True
@@ -336,8 +336,8 @@ async def test_binary_tensor_data_in(clipper: Clipper) -> None:
 
 async def test_the_timeout_parameter_narrows_the_slo(clipper: Clipper) -> None:
     await clipper.deploy_model("slow", "1", models.slow_sums, input_type="doubles")
-    clipper.register_application("slowapp", "doubles", "-1.0", SLO_US)  # 2 s
-    clipper.link_model_to_app("slowapp", "slow")
+    await clipper.register_application("slowapp", "doubles", "-1.0", SLO_US)  # 2 s
+    await clipper.link_model_to_app("slowapp", "slow")
     url = v2_url(clipper, "/models/slowapp/infer")
     loop = asyncio.get_running_loop()
     t0 = loop.time()

@@ -179,9 +179,11 @@ def containers() -> Iterator[Callable[..., V3Container]]:
         assert container.failure is None, container.failure
 
 
-def register_external(c: Clipper, name: str, itype: InputType, app: str, **batching: Any) -> None:
+async def register_external(
+    c: Clipper, name: str, itype: InputType, app: str, **batching: Any
+) -> None:
     """A model version without an artifact: its containers are started by someone else."""
-    c.registry.add_model(
+    await c.control.register_model(
         ModelVersion(
             name=name,
             version="1",
@@ -190,9 +192,8 @@ def register_external(c: Clipper, name: str, itype: InputType, app: str, **batch
             batching=BatchingConfig(**batching),
         )
     )
-    c.registry.set_model_version(name, "1")
-    c.register_application(app, itype, "-1.0", 2_000_000)
-    c.link_model_to_app(app, name)
+    await c.register_application(app, itype, "-1.0", 2_000_000)
+    await c.link_model_to_app(app, name)
 
 
 @pytest.fixture
@@ -205,7 +206,7 @@ async def test_v3_container_serves_doubles(
     clipper: Clipper, containers: Callable[..., V3Container]
 ) -> None:
     c = clipper
-    register_external(
+    await register_external(
         c, "m", InputType.DOUBLES, "app", controller="fixed", max_batch_size=8, max_wait_micros=0
     )
     sched = c.schedulers[("m", "1")]
@@ -260,7 +261,7 @@ async def test_v3_error_convention_answers_the_default(
     clipper: Clipper, containers: Callable[..., V3Container]
 ) -> None:
     c = clipper
-    register_external(c, "m", InputType.DOUBLES, "app")
+    await register_external(c, "m", InputType.DOUBLES, "app")
     sched = c.schedulers[("m", "1")]
     containers(c.rpc.port, "m", "1", CODE_DOUBLES, doubles_model)
     await wait_for(lambda: len(sched.replicas) == 1, limit_s=10, what="the v3 container")
@@ -276,8 +277,8 @@ async def test_v3_container_serves_strings_and_json(
     clipper: Clipper, containers: Callable[..., V3Container]
 ) -> None:
     c = clipper
-    register_external(c, "s", InputType.STRINGS, "strings-app", max_wait_micros=0)
-    register_external(c, "j", InputType.JSON, "json-app", max_wait_micros=0)
+    await register_external(c, "s", InputType.STRINGS, "strings-app", max_wait_micros=0)
+    await register_external(c, "j", InputType.JSON, "json-app", max_wait_micros=0)
     s = containers(c.rpc.port, "s", "1", CODE_STRINGS, strings_model)
     j = containers(c.rpc.port, "j", "1", CODE_STRINGS, lambda items: [i.decode() for i in items])
     await wait_for(
@@ -305,7 +306,7 @@ async def test_incompatible_containers_are_not_registered(
     clipper: Clipper, containers: Callable[..., V3Container]
 ) -> None:
     c = clipper
-    register_external(c, "m", InputType.DOUBLES, "app")
+    await register_external(c, "m", InputType.DOUBLES, "app")
     sched = c.schedulers[("m", "1")]
     wrong_type = containers(c.rpc.port, "m", "1", CODE_STRINGS, strings_model)
     wrong_rpc = containers(c.rpc.port, "m", "1", CODE_DOUBLES, doubles_model, rpc_version=2)
@@ -342,7 +343,7 @@ async def test_a_silent_replica_is_removed_and_its_queries_answered_by_the_deadl
         return ["0"] * len(items)
 
     async with Clipper(query_port=0, rpc_port=0, admin_port=0, v3_replica_timeout_s=1.0) as c:
-        register_external(c, "stuck", InputType.DOUBLES, "stuckapp")
+        await register_external(c, "stuck", InputType.DOUBLES, "stuckapp")
         containers(c.rpc.port, "stuck", "1", CODE_DOUBLES, hang)
         sched = c.schedulers[("stuck", "1")]
         await wait_for(lambda: len(sched.replicas) == 1, what="the v3 container to register")

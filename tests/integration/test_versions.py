@@ -16,9 +16,9 @@ pytestmark = pytest.mark.integration
 
 async def test_deploy_and_rollback_under_load_lose_nothing() -> None:
     async with Clipper(query_port=0, rpc_port=0, admin_port=0) as c:
-        c.register_application("v", "doubles", "-1", 1_000_000, cache=False)
+        await c.register_application("v", "doubles", "-1", 1_000_000, cache=False)
         await c.deploy_model("m", "1", version_one, input_type="doubles", num_replicas=2)
-        c.link_model_to_app("v", "m")
+        await c.link_model_to_app("v", "m")
 
         outcomes: collections.Counter[str] = collections.Counter()
         stop = asyncio.Event()
@@ -47,7 +47,7 @@ async def test_deploy_and_rollback_under_load_lose_nothing() -> None:
             await wait_for(lambda: outcomes["v2"] >= seen_v2 + 50, what="traffic on version 2")
             await wait_for(
                 lambda: (
-                    c.registry.models["m"]["1"].num_replicas == 0
+                    not c.registry.runs(c.registry.models["m"]["1"])
                     and not c.manager.replicas("m", "1")
                 ),
                 what="version 1 to drain and stop",

@@ -146,6 +146,18 @@ class ModelScheduler:
             self.on_replicas_changed(self)
         self.pump()
 
+    def reconfigure(self, mv: ModelVersion) -> None:
+        """New settings for this version (batching, labels): the next batches use them, and
+        each replica's controller starts again from the new settings."""
+        self.mv = mv
+        self._max_wait_s = mv.batching.max_wait_micros / 1e6
+        self._in_flight_cap = mv.batching.in_flight
+        self._adaptive = mv.batching.controller != "fixed"
+        self._hard_max = mv.batching.max_batch_size or 4096
+        for r in self.replicas:
+            r.controller = self._new_controller()
+        self.pump()
+
     def set_slo(self, slo_s: float) -> None:
         if slo_s != self.slo_s:
             self.slo_s = slo_s

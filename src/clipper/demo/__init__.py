@@ -16,16 +16,16 @@ async def deploy_demo(clipper: Clipper) -> list[str]:
     lines: list[str] = []
     registry = clipper.registry
     if "demo" not in registry.apps:  # a persistent store may have it from an earlier run
-        clipper.register_application("demo", "doubles", '{"sum": null}', 100_000)
+        await clipper.register_application("demo", "doubles", '{"sum": null}', 100_000)
         await clipper.deploy_model("stats", "1", Stats(), input_type="doubles")
-        clipper.link_model_to_app("demo", "stats")
+        await clipper.link_model_to_app("demo", "stats")
     base = clipper.query_url
     lines.append(f"demo app: curl -X POST {base}/demo/predict -d '{{\"input\": [1, 2, 3.5]}}'")
     model: Any = None if "digits" in registry.apps else train_digits()
     if model is not None:
-        clipper.register_application("digits", "doubles", "-1", 20_000)
+        await clipper.register_application("digits", "doubles", "-1", 20_000)
         await clipper.deploy_model("logreg", "1", model, input_type="doubles")
-        clipper.link_model_to_app("digits", "logreg")
+        await clipper.link_model_to_app("digits", "logreg")
     if "digits" in registry.apps:
         lines.append(f"digits app: POST {base}/digits/predict with 64 pixel values (0-16)")
     for model in ("stats", "logreg"):  # restored from the store: wait for their replicas too

@@ -6,8 +6,13 @@ HTTP 400 with the message as plain text, and malformed or mistyped JSON answers
 ``Error parsing JSON: <msg>. Expected JSON schema: <schema>``. The extensions (deploying from an
 artifact, uploads, scaling, replica details) are documented in docs/admin-api.md.
 
-Routes are synchronous callbacks; the ones that wait for replicas (deploy, scale, delete) run as
-asyncio tasks owned by :class:`AdminApi`, which :meth:`AdminApi.stop` cancels.
+Reads are synchronous callbacks. Every change runs as an asyncio task owned by
+:class:`AdminApi` (which :meth:`AdminApi.stop` cancels) and answers only once the write side has
+committed it to the config store; a store that cannot take it answers 503 naming the store and
+the cause, and nothing changed.
+
+The API depends on narrow services, not on the frontend object: the registry to read, the write
+side (:class:`Control`) to change, the container manager for replica processes and logs.
 """
 
 from __future__ import annotations
@@ -48,12 +53,18 @@ from clipper.frontend.admin_fields import (
     write_file,
 )
 from clipper.frontend.http import Respond
+from clipper.frontend.metrics import Metrics
 from clipper.inputs import InputType
-from clipper.registry import Application, ModelVersion, check_name
+from clipper.managers.base import ContainerManager
+from clipper.registry import Application, ModelVersion, Registry, check_name
+from clipper.store.base import StoreError
 
 if TYPE_CHECKING:
-    from clipper.batching.scheduler import Replica
-    from clipper.server import Clipper
+    from pathlib import Path
+
+    from clipper.batching.scheduler import ModelScheduler, Replica
+    from clipper.clock import Clock
+    from clipper.runtime.control import Control
 
 __all__ = ["AdminApi"]
 
@@ -95,15 +106,27 @@ def _histogram_p50(buckets: list[tuple[float, float]]) -> float | None:
 
 
 class AdminApi:
-    def __init__(self, clipper: Clipper) -> None:
-        self.clipper = clipper
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        control: Control,
+        schedulers: dict[tuple[str, str], ModelScheduler],
+        manager: ContainerManager,
+        metrics: Metrics,
+        clock: Clock,
+        state_dir: Path,
+    ) -> None:
+        self.registry = registry
+        self.control = control
+        self.schedulers = schedulers
+        self.manager = manager
+        self.metrics = metrics
+        self.clock = clock
+        self.state_dir = state_dir
         self._tasks: set[asyncio.Task[None]] = set()
         self._staged: dict[tuple[str, str], _Staged] = {}
         self._sync: dict[str, Handler] = {
-            "add_app": self._add_app,
-            "delete_app": self._delete_app,
-            "add_model_links": self._add_model_links,
-            "delete_model_links": self._delete_model_links,
             "get_all_applications": self._get_all_applications,
             "get_application": self._get_application,
             "get_linked_models": self._get_linked_models,
@@ -113,11 +136,15 @@ class AdminApi:
             "get_container": self._get_container,
             "get_state": self._get_state,
             "stage_model": self._stage_model,
-            "update_app": self._update_app,
             "get_replicas": self._get_replicas,
             "get_logs": self._get_logs,
         }
         self._async: dict[str, AsyncHandler] = {
+            "add_app": self._add_app,
+            "delete_app": self._delete_app,
+            "update_app": self._update_app,
+            "add_model_links": self._add_model_links,
+            "delete_model_links": self._delete_model_links,
             "add_model": self._add_model,
             "delete_versioned_model": self._delete_versioned_model,
             "deploy_model": self._deploy_model,
@@ -195,6 +222,9 @@ class AdminApi:
         except asyncio.CancelledError:
             respond(503, b"the frontend is shutting down", TEXT)
             raise
+        except StoreError as e:
+            # Nothing was changed: the registry moves only after the store took the change.
+            respond(503, f"the change was not made: the config store failed: {e}".encode(), TEXT)
         except (OperationError, ClipperError) as e:
             respond(400, str(e).encode(), TEXT)
         except Exception:
@@ -214,7 +244,7 @@ class AdminApi:
         self._staged.clear()
 
     # -- applications --------------------------------------------------------------------------
-    def _add_app(self, doc: dict[str, Any]) -> Reply:
+    async def _add_app(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "name")
         itype = input_type_field(str_field(doc, "input_type"))
         default_output = str_field(doc, "default_output")
@@ -223,24 +253,26 @@ class AdminApi:
         overload = str_field(doc, "overload", "default")
         if overload not in ("default", "reject"):
             raise OperationError(f"overload must be 'default' or 'reject', got {overload!r}")
-        self.clipper.register_application(
-            name,
-            itype,
-            default_output,
-            slo,
+        app = Application(
+            name=name,
+            input_type=itype,
+            default_output=default_output,
+            latency_slo_micros=slo,
             cache=cache,
             overload="reject" if overload == "reject" else "default",
             **_selection_fields(doc),
         )
+        await self.control.add_app(app)
         return text_reply(f"Successfully added application with name '{name}'")
 
-    def _delete_app(self, doc: dict[str, Any]) -> Reply:
+    async def _delete_app(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "name")
-        # The registry drops the app's links with it; the query API answers 404 from then on.
-        self.clipper.delete_application(name)
+        # The registry drops the app's links and learned states with it; the query API
+        # answers 404 from then on.
+        await self.control.delete_app(name)
         return text_reply(f"Successfully deleted application with name '{name}'")
 
-    def _update_app(self, doc: dict[str, Any]) -> Reply:
+    async def _update_app(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "name")
         changes: dict[str, Any] = {}
         if "latency_slo_micros" in doc:
@@ -258,7 +290,7 @@ class AdminApi:
         unknown = sorted(set(doc) - {"name", *changes})
         if unknown:
             raise FieldError(f"unknown keys {unknown}")
-        self.clipper.registry.update_app(name, **changes)
+        await self.control.update_app(name, **changes)
         return text_reply(f"Successfully updated application with name '{name}'")
 
     def _app_doc(self, app: Application) -> dict[str, Any]:
@@ -267,7 +299,7 @@ class AdminApi:
             "default_output": app.default_output,
             "latency_slo_micros": app.latency_slo_micros,
             "name": app.name,
-            "linked_models": self.clipper.registry.linked_models(app.name),
+            "linked_models": self.registry.linked_models(app.name),
         }
         if app.policy != "single":  # the original's exact document otherwise
             record = app.to_record()
@@ -278,62 +310,60 @@ class AdminApi:
 
     def _get_all_applications(self, doc: dict[str, Any]) -> Reply:
         verbose = bool_field(doc, "verbose", False)
-        apps = list(self.clipper.registry.apps.values())
+        apps = list(self.registry.apps.values())
         if verbose:
             return json_reply([self._app_doc(a) for a in apps])
         return json_reply([a.name for a in apps])
 
     def _get_application(self, doc: dict[str, Any]) -> Reply:
-        app = self.clipper.registry.apps.get(str_field(doc, "name"))
+        app = self.registry.apps.get(str_field(doc, "name"))
         return json_reply(self._app_doc(app) if app is not None else {})
 
     def _get_linked_models(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "app_name")
-        if name not in self.clipper.registry.apps:
+        if name not in self.registry.apps:
             raise OperationError(f"No application with name '{name}' exists.")
-        return json_reply(self.clipper.registry.linked_models(name))
+        return json_reply(self.registry.linked_models(name))
 
     def _get_state(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "app_name")
         int_field(doc, "uid", 0)
-        app = self.clipper.registry.apps.get(name)
+        app = self.registry.apps.get(name)
         if app is None:
             raise OperationError(f"No application with name '{name}' exists.")
         return text_reply(app.default_output)
 
     # -- links ---------------------------------------------------------------------------------
-    def _add_model_links(self, doc: dict[str, Any]) -> Reply:
+    async def _add_model_links(self, doc: dict[str, Any]) -> Reply:
         app = str_field(doc, "app_name")
         names = str_list_field(doc, "model_names")
-        if app not in self.clipper.registry.apps:
+        if app not in self.registry.apps:
             raise OperationError(f"No app with name '{app}' exists.")
         if len(names) != 1:
             raise OperationError(
                 "Applications must be linked with at most one model. "
                 f"Attempted to link {len(names)} models to application '{app}'."
             )
-        self.clipper.link_model_to_app(app, names[0])
+        await self.control.link(app, names[0])
         return text_reply(
             f"Successfully linked model with name '{names[0]}' to application '{app}'"
         )
 
-    def _delete_model_links(self, doc: dict[str, Any]) -> Reply:
+    async def _delete_model_links(self, doc: dict[str, Any]) -> Reply:
         app = str_field(doc, "app_name")
         names = str_list_field(doc, "model_names")
-        registry = self.clipper.registry
+        registry = self.registry
         if app not in registry.apps:
             raise OperationError(f"No app with name '{app}' exists.")
         linked = registry.linked_models(app)
         missing = [n for n in names if n not in linked]
         if missing:
             raise OperationError(f"Model '{missing[0]}' is not linked to '{app}'")
-        for n in dict.fromkeys(names):
-            registry.unlink(app, n)
+        await self.control.unlink(app, names)
         return text_reply("Success!")
 
     # -- models --------------------------------------------------------------------------------
     async def _add_model(self, doc: dict[str, Any]) -> Reply:
-        c = self.clipper
         name = str_field(doc, "model_name")
         version = str_field(doc, "model_version")
         itype = input_type_field(str_field(doc, "input_type"))
@@ -350,7 +380,7 @@ class AdminApi:
                 f"Invalid batch size {batch_size}: it must be a positive integer, or -1 to "
                 "let Clipper size batches adaptively"
             )
-        if version in c.registry.models.get(name, {}):
+        if version in self.registry.models.get(name, {}):
             raise OperationError(f"model with name '{name}' and version '{version}' already exists")
         batching = (
             BatchingConfig(controller="fixed", max_batch_size=batch_size)
@@ -366,19 +396,21 @@ class AdminApi:
                     f"model '{name}' version '{version}' was staged with input type "
                     f"{staged.input_type.readable}, but add_model says {itype.readable}"
                 )
-            await c.deploy_model(
-                name,
-                version,
-                input_type=itype,
-                artifact=staged.artifact,
-                num_replicas=staged.num_replicas,
-                batching=staged.batching or batching,
-                labels=labels,
+            await self.control.deploy(
+                ModelVersion(
+                    name=name,
+                    version=version,
+                    input_type=itype,
+                    labels=tuple(labels),
+                    artifact=staged.artifact,
+                    batching=staged.batching or batching or BatchingConfig(),
+                    num_replicas=staged.num_replicas,
+                )
             )
         else:
             # Registered only: its containers are started elsewhere and dial in to the RPC
-            # port, as in the original.
-            c.registry.add_model(
+            # port, as in the original, which only points the model at this version.
+            await self.control.register_model(
                 ModelVersion(
                     name=name,
                     version=version,
@@ -389,8 +421,6 @@ class AdminApi:
                     num_replicas=0,
                 )
             )
-            # The original only points the model at this version; nothing is stopped.
-            c.registry.set_model_version(name, version)
         return text_reply(
             f"Successfully added model with name '{name}' and input type '{itype.readable}'"
         )
@@ -403,11 +433,11 @@ class AdminApi:
             "labels": list(mv.labels),
             "container_name": mv.container_name,
             "model_data_path": mv.artifact or "DEPRECATED",
-            "is_current_version": self.clipper.registry.current.get(mv.name) == mv.version,
+            "is_current_version": self.registry.current.get(mv.name) == mv.version,
         }
 
     def _versions(self) -> list[ModelVersion]:
-        return [mv for vs in self.clipper.registry.models.values() for mv in vs.values()]
+        return [mv for vs in self.registry.models.values() for mv in vs.values()]
 
     def _get_all_models(self, doc: dict[str, Any]) -> Reply:
         verbose = bool_field(doc, "verbose", False)
@@ -418,29 +448,29 @@ class AdminApi:
     def _get_model(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "model_name")
         version = str_field(doc, "model_version")
-        mv = self.clipper.registry.models.get(name, {}).get(version)
+        mv = self.registry.models.get(name, {}).get(version)
         return json_reply(self._model_doc(mv) if mv is not None else {})
 
     async def _set_model_version(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "model_name")
         version = str_field(doc, "model_version")
-        versions = self.clipper.registry.models.get(name)
+        versions = self.registry.models.get(name)
         if not versions:
             raise OperationError(f"Cannot set version for nonexistent model '{name}'")
         if version not in versions:
             raise OperationError(f"Cannot set non-existent version '{version}' for model '{name}'")
-        # The facade starts the target's replicas first (when it has an artifact), switches
-        # traffic once they are connected, then drains and stops the previous version.
-        await self.clipper.set_model_version(name, version)
+        # The target's replicas start first (when it has an artifact), traffic switches once
+        # they are connected, then the previous version drains and stops.
+        await self.control.set_version(name, version)
         return text_reply(f"Successfully set model with name '{name}' to version '{version}'")
 
     async def _delete_versioned_model(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "model_name")
         version = str_field(doc, "model_version")
-        if version not in self.clipper.registry.models.get(name, {}):
+        if version not in self.registry.models.get(name, {}):
             raise OperationError(f"Model with name '{name}' and version '{version}' does not exist")
-        # Its processes are stopped (draining what they hold), then the version is removed.
-        await self.clipper.stop_model(name, version)
+        # The version is removed; its processes drain what they hold and stop.
+        await self.control.delete_version(name, version)
         return text_reply(f"Successfully deleted model with name '{name}' and version '{version}'")
 
     # -- deployment (extensions) ---------------------------------------------------------------
@@ -467,15 +497,21 @@ class AdminApi:
         batching: BatchingConfig | None,
         labels: list[str],
     ) -> Reply:
-        await self.clipper.deploy_model(
-            name,
-            version,
+        mv = ModelVersion(
+            name=name,
+            version=version,
             input_type=itype,
+            labels=tuple(labels),
             artifact=artifact,
+            batching=batching or BatchingConfig(),
             num_replicas=n,
-            batching=batching,
-            labels=labels,
         )
+        if not self.control.is_same_deploy(mv, set_current=True):
+            if version in self.registry.models.get(name, {}):
+                raise OperationError(
+                    f"model with name '{name}' and version '{version}' already exists"
+                )
+            await self.control.deploy(mv)
         return json_reply({"model_name": name, "model_version": version, "num_replicas": n})
 
     async def _upload_model(self, query: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
@@ -521,10 +557,10 @@ class AdminApi:
             check_name("version", version)
         except RegistryError as e:
             raise OperationError(str(e)) from None
-        if version in self.clipper.registry.models.get(name, {}):
+        if version in self.registry.models.get(name, {}):
             # Refuse before writing: the running version's file must stay as it is.
             raise OperationError(f"model with name '{name}' and version '{version}' already exists")
-        base = self.clipper.state_dir / "uploads" / name / version
+        base = self.state_dir / "uploads" / name / version
         if body[:2] == b"\x1f\x8b":  # gzip: an artifact directory
             try:
                 await asyncio.to_thread(extract_archive, base / "artifact", body)
@@ -553,7 +589,7 @@ class AdminApi:
             check_name("version", version)
         except RegistryError as e:
             raise OperationError(str(e)) from None
-        if version in self.clipper.registry.models.get(name, {}):
+        if version in self.registry.models.get(name, {}):
             raise OperationError(f"model with name '{name}' and version '{version}' already exists")
         self._staged[(name, version)] = _Staged(itype, artifact, n, batching)
         return text_reply(
@@ -562,17 +598,16 @@ class AdminApi:
         )
 
     async def _set_num_replicas(self, doc: dict[str, Any]) -> Reply:
-        c = self.clipper
         name = str_field(doc, "model_name")
         version = opt_str_field(doc, "model_version")
         n = num_replicas_field(doc)
         artifact = opt_str_field(doc, "artifact_path")
-        mv = c.registry.get_model(name, version)
+        mv = self.registry.get_model(name, version)
         if mv.artifact is None and artifact is not None and n > 0:
             # Registered without an artifact (add_model): attach the one given, so the local
             # manager can run it.
             mv = replace(mv, artifact=artifact_field(artifact))
-            c.registry.replace_model(mv)
+            await self.control.replace_model(mv)
         if mv.artifact is None:
             if n > 0:
                 raise OperationError(
@@ -580,9 +615,9 @@ class AdminApi:
                     "containers are started elsewhere): pass artifact_path, or deploy it with "
                     "/admin/deploy_model"
                 )
-            c.registry.set_num_replicas(name, mv.version, 0)
+            await self.control.scale(name, 0, mv.version)
         else:
-            await c.set_num_replicas(name, n, mv.version)
+            await self.control.scale(name, n, mv.version)
         return text_reply(
             f"Successfully set the number of replicas of model with name '{name}' and version "
             f"'{mv.version}' to {n}"
@@ -591,7 +626,7 @@ class AdminApi:
     # -- containers and replicas ---------------------------------------------------------------
     def _replicas(self, name: str | None = None, version: str | None = None) -> list[Replica]:
         out: list[Replica] = []
-        for (n, v), sched in sorted(self.clipper.schedulers.items()):
+        for (n, v), sched in sorted(self.schedulers.items()):
             if (name is None or n == name) and (version is None or v == version):
                 out.extend(sorted(sched.replicas, key=lambda r: r.replica_id))
         return out
@@ -627,18 +662,17 @@ class AdminApi:
         return json_reply({})
 
     def _get_replicas(self, doc: dict[str, Any]) -> Reply:
-        c = self.clipper
         name = opt_str_field(doc, "model_name")
         version = opt_str_field(doc, "model_version")
         p50 = self._latency_p50s()
-        now = c.clock.now()
+        now = self.clock.now()
         out = []
         for r in self._replicas(name, version):
             sched = r.scheduler
             if sched is None:
                 continue
             mv = sched.mv
-            procs = c.manager.replicas(mv.name, mv.version) if r.address else []
+            procs = self.manager.replicas(mv.name, mv.version) if r.address else []
             proc = next((p for p in procs if p.token == r.address), None)
             median = p50.get((mv.name, mv.version, str(r.replica_id)))
             out.append(
@@ -654,6 +688,8 @@ class AdminApi:
                     "draining": r.draining,
                     "pid": proc.pid if proc is not None else None,
                     "restarts": proc.restarts if proc is not None else None,
+                    "state": proc.state if proc is not None else "connected",
+                    "location": proc.location if proc is not None else None,
                 }
             )
         return json_reply(out)
@@ -661,7 +697,7 @@ class AdminApi:
     def _latency_p50s(self) -> dict[tuple[str, str, str], float]:
         """Per replica, the median batch round trip from its latency histogram."""
         cumulative: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
-        for family in self.clipper.metrics.replica_latency.collect():
+        for family in self.metrics.replica_latency.collect():
             for s in family.samples:
                 if not s.name.endswith("_bucket"):
                     continue
@@ -678,17 +714,7 @@ class AdminApi:
         limit = int_field(doc, "max_bytes", _LOG_TAIL_BYTES)
         if limit < 0:
             raise OperationError(f"max_bytes must be >= 0, got {limit}")
-        logs = []
-        for path in sorted((self.clipper.state_dir / "logs").glob("*.log")):
-            try:
-                with path.open("rb") as f:
-                    size = f.seek(0, 2)
-                    f.seek(max(size - limit, 0))
-                    data = f.read()
-            except OSError:
-                continue
-            logs.append({"file": path.name, "text": data.decode("utf-8", "replace")})
-        return json_reply(logs)
+        return json_reply([{"file": name, "text": text} for name, text in self.manager.logs(limit)])
 
 
 def _selection_fields(doc: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from clipper.frontend import v2
 from clipper.frontend.http import JSON, Respond, json_response
 
 if TYPE_CHECKING:
+    from clipper.frontend.admin import AdminApi
     from clipper.server import Clipper
 
 __all__ = ["AdminRoutes", "QueryRoutes"]
@@ -75,13 +76,14 @@ class QueryRoutes:
 class AdminRoutes:
     """Port 1338: the bearer token, when one is configured, then the admin API."""
 
-    def __init__(self, clipper: Clipper) -> None:
-        self.clipper = clipper
+    def __init__(self, api: AdminApi, token: str | None) -> None:
+        self.api = api
+        self.token = token
 
     def __call__(
         self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
     ) -> None:
-        token = self.clipper.config.admin_token
+        token = self.token
         if token is not None and headers.get(b"authorization", b"") != b"Bearer " + token.encode():
             respond(
                 401,
@@ -90,7 +92,7 @@ class AdminRoutes:
                 JSON,
             )
             return
-        self.clipper.admin.route(method, path, headers, body, respond)
+        self.api.route(method, path, headers, body, respond)
 
 
 def _metrics_as_json(headers: dict[bytes, bytes]) -> bool:

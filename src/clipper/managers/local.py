@@ -49,6 +49,15 @@ class ReplicaProcess:
     last_exit: int | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     stopping: bool = False
+    location: str = "local"
+
+    @property
+    def state(self) -> str:
+        if self.stopping:
+            return "stopping"
+        if self.pid is None:
+            return "restarting" if self.restarts else "starting"
+        return "running"
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -90,15 +99,28 @@ class LocalManager:
     def all_replicas(self) -> list[ReplicaProcess]:
         return [p for group in self._groups.values() for p in group]
 
-    async def ensure(self, mv: ModelVersion) -> None:
-        """Start or stop processes until ``mv.num_replicas`` slots are running."""
-        if mv.artifact is None:
+    def logs(self, max_bytes: int) -> list[tuple[str, str]]:
+        out = []
+        for path in sorted((self.state_dir / "logs").glob("*.log")):
+            try:
+                with path.open("rb") as f:
+                    size = f.seek(0, 2)
+                    f.seek(max(size - max_bytes, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            out.append((path.name, data.decode("utf-8", "replace")))
+        return out
+
+    async def ensure(self, mv: ModelVersion, replicas: int) -> None:
+        """Start or stop processes until ``replicas`` slots are running."""
+        if replicas and mv.artifact is None:
             raise ReplicaError(
                 f"model {mv.name}:{mv.version} has no artifact to run; its containers are "
                 "started outside clipper-serve"
             )
         group = self._groups.setdefault(mv.key, [])
-        while len(group) < mv.num_replicas:
+        while len(group) < replicas:
             proc = ReplicaProcess(
                 mv.name,
                 mv.version,
@@ -111,8 +133,8 @@ class LocalManager:
                 name=f"clipper-replica-{mv.name}-{mv.version}-{proc.slot}",
             )
             group.append(proc)
-        surplus = group[mv.num_replicas :]
-        del group[mv.num_replicas :]
+        surplus = group[replicas:]
+        del group[replicas:]
         await asyncio.gather(*(self._stop(p) for p in surplus))
         if not group:
             self._groups.pop(mv.key, None)

@@ -43,7 +43,7 @@ async def run(args: argparse.Namespace) -> None:
     async with Clipper(
         query_port=args.port, rpc_port=free_port(), admin_port=0, grpc_port=args.grpc_port
     ) as clipper:
-        clipper.register_application(
+        await clipper.register_application(
             "bench",
             input_type="floats",
             default_output="-1",
@@ -57,7 +57,7 @@ async def run(args: argparse.Namespace) -> None:
             input_type="floats",
             batching=BatchingConfig(max_wait_micros=round(args.max_wait_ms * 1000)),
         )
-        clipper.link_model_to_app("bench", "m")
+        await clipper.link_model_to_app("bench", "m")
         print("ready", flush=True)
         await clipper.serve_forever()
 

@@ -1,0 +1,167 @@
+"""The container-manager seam: what the runtime asks of whoever runs model replicas.
+
+The reconciler decides how many replicas each model version should have and calls
+:meth:`ContainerManager.ensure`; a manager makes it so on its engine and reports what runs. The
+implementation is chosen by a URL-like setting (``--manager``), one table below: a new engine
+(Ray, Kubernetes) is one module that implements this protocol plus a row in :data:`MANAGERS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol
+
+from clipper.clock import Clock
+from clipper.errors import ConfigError
+from clipper.registry import ModelVersion
+
+__all__ = [
+    "MANAGERS",
+    "ContainerManager",
+    "ManagerContext",
+    "ReplicaStatus",
+    "open_manager",
+]
+
+
+class ReplicaStatus(Protocol):
+    """One replica slot as its manager sees it (not whether it has connected: the scheduler
+    knows that)."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def slot(self) -> int: ...
+
+    @property
+    def token(self) -> str:
+        """What the container presents when it connects (``--replica-token``)."""
+        ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+    @property
+    def last_exit(self) -> int | None: ...
+
+    @property
+    def state(self) -> str:
+        """``starting``, ``running``, ``restarting`` or ``stopping``."""
+        ...
+
+    @property
+    def location(self) -> str:
+        """Where it runs: ``local``, a node, a pod."""
+        ...
+
+    def log_tail(self, lines: int = 20) -> str: ...
+
+
+class ContainerManager(Protocol):
+    async def ensure(self, mv: ModelVersion, replicas: int) -> None:
+        """Run ``replicas`` replicas of ``mv`` (0 stops them all), draining what is stopped.
+        Returns once the processes are started or stopped, not once they have connected."""
+        ...
+
+    async def stop_all(self) -> None:
+        """Stop every replica this manager started (the frontend is stopping)."""
+        ...
+
+    def replicas(self, name: str, version: str) -> Sequence[ReplicaStatus]: ...
+
+    def all_replicas(self) -> Sequence[ReplicaStatus]: ...
+
+    def logs(self, max_bytes: int) -> list[tuple[str, str]]:
+        """(name, last ``max_bytes`` of text) of each replica log this manager keeps."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerContext:
+    """What a manager may need from the frontend that builds it."""
+
+    rpc_host: Callable[[], str]
+    rpc_port: Callable[[], int]
+    state_dir: Path
+    clock: Clock
+    heartbeat_interval_s: float
+    python: str | None
+    on_exit: Callable[[str], None] | None
+    drain: Callable[[str], Awaitable[None]] | None
+    nice: int
+
+
+def _local(rest: str, ctx: ManagerContext) -> ContainerManager:
+    from clipper.managers.local import LocalManager
+
+    if rest:
+        raise ConfigError(f"'local://' takes nothing after it, got 'local://{rest}'")
+    return LocalManager(
+        rpc_host=ctx.rpc_host,
+        rpc_port=ctx.rpc_port,
+        state_dir=ctx.state_dir,
+        clock=ctx.clock,
+        heartbeat_interval_s=ctx.heartbeat_interval_s,
+        python=ctx.python or sys.executable,
+        on_exit=ctx.on_exit,
+        drain=ctx.drain,
+        nice=ctx.nice,
+    )
+
+
+def _external(rest: str, ctx: ManagerContext) -> ContainerManager:
+    if rest:
+        raise ConfigError(f"'external://' takes nothing after it, got 'external://{rest}'")
+    return ExternalManager()
+
+
+# scheme -> (factory, help). The CLI's choices and help, and the error for a bad URL, come
+# from here.
+MANAGERS: Final[dict[str, tuple[Callable[[str, ManagerContext], ContainerManager], str]]] = {
+    "local": (_local, "replicas are child processes of this frontend, restarted when they exit"),
+    "external": (
+        _external,
+        "replicas are started by someone else and dial in to the RPC port; nothing is started",
+    ),
+}
+
+
+def open_manager(url: str, ctx: ManagerContext) -> ContainerManager:
+    scheme, sep, rest = url.partition("://")
+    entry = MANAGERS.get(scheme) if sep else None
+    if entry is None:
+        accepted = ", ".join(f"'{name}://' ({help_})" for name, (_, help_) in MANAGERS.items())
+        raise ConfigError(f"unknown container manager {url!r}; accepted: {accepted}")
+    return entry[0](rest, ctx)
+
+
+class ExternalManager:
+    """Containers run elsewhere (started by hand, by an orchestrator) and dial in to the RPC
+    port, as in the original Clipper: this frontend starts and stops nothing, and reports the
+    connected replicas the scheduler sees."""
+
+    async def ensure(self, mv: ModelVersion, replicas: int) -> None:
+        await asyncio.sleep(0)
+
+    async def stop_all(self) -> None:
+        await asyncio.sleep(0)
+
+    def replicas(self, name: str, version: str) -> Sequence[ReplicaStatus]:
+        return []
+
+    def all_replicas(self) -> Sequence[ReplicaStatus]:
+        return []
+
+    def logs(self, max_bytes: int) -> list[tuple[str, str]]:
+        return []

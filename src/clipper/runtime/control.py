@@ -1,0 +1,296 @@
+"""The write side: every change to what is served, durable before it is acknowledged.
+
+Each operation validates on a draft of the registry and commits to the store before the registry
+changes (:meth:`StoreSync.commit`); the reconciler then makes the runtime follow. A version
+change — a deploy, a switch — is recorded as an :class:`Intent` in the same commit that starts
+it, and the intent is removed in the commit that finishes it (or undoes it). A frontend that
+crashed in between finds its intent at start-up and rolls the change back (:meth:`recover`):
+the version a deploy added is removed, a switch is abandoned, and the reconciler stops whatever
+replicas that left running. Retrying the call then starts it afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import replace
+
+from clipper.batching.scheduler import ModelScheduler
+from clipper.errors import RegistryError, ReplicaError
+from clipper.managers.base import ContainerManager
+from clipper.persistence import StoreSync
+from clipper.registry import Application, Intent, ModelVersion, Registry
+from clipper.runtime.reconciler import Reconciler
+from clipper.store.base import DeletePrefix, StoreError
+
+__all__ = ["Control"]
+
+log = logging.getLogger("clipper")
+
+_GIVE_UP_AFTER_RESTARTS = 3
+
+
+class Control:
+    def __init__(
+        self,
+        registry: Registry,
+        sync: StoreSync,
+        reconciler: Reconciler,
+        schedulers: dict[tuple[str, str], ModelScheduler],
+        manager: ContainerManager,
+        *,
+        node_id: str,
+    ) -> None:
+        self.registry = registry
+        self.sync = sync
+        self.reconciler = reconciler
+        self.schedulers = schedulers
+        self.manager = manager
+        self.node_id = node_id
+        self._ready_events: dict[tuple[str, str], asyncio.Event] = {}
+
+    # -- applications and links ----------------------------------------------------------------
+    async def add_app(self, app: Application) -> Application:
+        await self.sync.commit(lambda d: d.add_app(app))
+        return app
+
+    async def update_app(self, name: str, **changes: object) -> Application:
+        return await self.sync.commit(lambda d: d.update_app(name, **changes))
+
+    async def delete_app(self, name: str) -> None:
+        # Its users' learned selection states go in the same commit: an application created
+        # later under the same name starts afresh.
+        await self.sync.commit(
+            lambda d: d.delete_app(name), extra=[DeletePrefix("state", f"{name}:")]
+        )
+
+    async def link(self, app: str, model: str) -> None:
+        await self.sync.commit(lambda d: d.link(app, model))
+
+    async def unlink(self, app: str, models: list[str]) -> None:
+        def unlink_all(d: Registry) -> None:
+            for model in dict.fromkeys(models):
+                d.unlink(app, model)
+
+        await self.sync.commit(unlink_all)
+
+    # -- model versions ------------------------------------------------------------------------
+    async def register_model(self, mv: ModelVersion, *, set_current: bool = True) -> None:
+        """A version whose containers someone else starts (the original add_model)."""
+
+        def register(d: Registry) -> None:
+            d.add_model(mv)
+            if set_current:
+                d.set_model_version(mv.name, mv.version)
+
+        await self.sync.commit(register)
+
+    async def replace_model(self, mv: ModelVersion) -> None:
+        await self.sync.commit(lambda d: d.replace_model(mv))
+
+    def is_same_deploy(self, mv: ModelVersion, *, set_current: bool) -> bool:
+        """Whether ``mv`` is already deployed exactly so (a retried call: a no-op)."""
+        have = self.registry.models.get(mv.name, {}).get(mv.version)
+        return (
+            have is not None
+            and have.to_record() == mv.to_record()
+            and mv.name not in self.registry.intents
+            and (not set_current or self.registry.current.get(mv.name) == mv.version)
+        )
+
+    async def deploy(
+        self,
+        mv: ModelVersion,
+        *,
+        set_current: bool = True,
+        retire_previous: bool = True,
+        wait: bool = True,
+        ready_timeout_s: float = 60.0,
+    ) -> ModelVersion:
+        """Register ``mv`` and start its replicas; with ``set_current``, switch traffic to it
+        once they are all connected. Undone if they do not connect; a retry of a deploy that
+        completed is a no-op."""
+        if self.is_same_deploy(mv, set_current=set_current):
+            return mv
+        if not set_current:
+            mv = replace(mv, keep=True)
+        intent = Intent(
+            mv.name, mv.version, self.registry.current.get(mv.name), added=True, owner=self.node_id
+        )
+
+        def begin(d: Registry) -> None:
+            d.add_model(mv)
+            d.begin_intent(intent)
+
+        await self.sync.commit(begin)
+        try:
+            if mv.num_replicas and mv.artifact is not None and (wait or set_current):
+                await self.wait_for_replicas(
+                    mv.name, mv.version, mv.num_replicas, ready_timeout_s=ready_timeout_s
+                )
+        except BaseException:
+            await self._undo(intent)
+            raise
+        await self._finish(intent, set_current=set_current, retire_previous=retire_previous)
+        return mv
+
+    async def set_version(
+        self,
+        name: str,
+        version: str,
+        *,
+        ready_timeout_s: float = 60.0,
+        retire_previous: bool = True,
+    ) -> None:
+        """Switch ``name``'s traffic to ``version`` (forward or back) without failing a query:
+        its replicas start (as many as the current version runs), traffic switches once they
+        are connected, and the previous version drains and stops (or keeps running, with
+        ``retire_previous=False``), staying registered for a later rollback."""
+        target = self.registry.get_model(name, version)
+        previous = self.registry.current.get(name)
+        if previous == version:
+            return
+        old = self.registry.models[name].get(previous or "")
+        intent = Intent(name, version, previous, added=False, owner=self.node_id)
+        wanted = target.num_replicas or (old.num_replicas if old else 1) or 1
+
+        def begin(d: Registry) -> None:
+            if target.artifact is not None and target.num_replicas != wanted:
+                d.set_num_replicas(name, version, wanted)
+            d.begin_intent(intent)
+
+        await self.sync.commit(begin)
+        try:
+            if target.artifact is not None:
+                await self.wait_for_replicas(name, version, wanted, ready_timeout_s=ready_timeout_s)
+        except BaseException:
+            await self._undo(intent)
+            raise
+        await self._finish(intent, set_current=True, retire_previous=retire_previous)
+
+    async def _finish(self, intent: Intent, *, set_current: bool, retire_previous: bool) -> None:
+        def finish(d: Registry) -> None:
+            name = intent.name
+            if set_current:
+                previous = d.current.get(name)
+                d.set_model_version(name, intent.version)
+                old = d.models[name].get(previous or "")
+                # Retired (drained, then stopped by the reconciler) or explicitly kept.
+                if (
+                    old is not None
+                    and old.version != intent.version
+                    and old.keep != (not retire_previous)
+                ):
+                    d.replace_model(replace(old, keep=not retire_previous))
+                target = d.models[name][intent.version]
+                if target.keep:
+                    d.replace_model(replace(target, keep=False))
+            d.end_intent(name)
+
+        await self.sync.commit(finish)
+
+    async def _undo(self, intent: Intent) -> None:
+        """Roll a version change back (its replicas did not come up, or it was cancelled)."""
+
+        def undo(d: Registry) -> None:
+            if d.intents.get(intent.name) != intent:
+                return
+            if intent.added and d.current.get(intent.name) != intent.version:
+                with contextlib.suppress(RegistryError):
+                    d.delete_model_version(intent.name, intent.version)
+            d.end_intent(intent.name)
+
+        try:
+            await asyncio.shield(self.sync.commit(undo))
+            # Its replicas are stopped before the failure is reported.
+            await self.reconciler.settled(intent.name, intent.version)
+        except (StoreError, asyncio.CancelledError) as e:
+            # The intent stays in the store: this frontend rolls it back when it next starts.
+            log.warning("rolling back the change of %s failed (%s); undone at restart", intent, e)
+
+    async def recover(self) -> list[Intent]:
+        """At start-up: roll back the version changes this frontend left unfinished."""
+        mine = [i for i in self.registry.intents.values() if i.owner == self.node_id]
+        if not mine:
+            return []
+
+        def undo_all(d: Registry) -> None:
+            for intent in mine:
+                if intent.added and d.current.get(intent.name) != intent.version:
+                    with contextlib.suppress(RegistryError):
+                        d.delete_model_version(intent.name, intent.version)
+                d.end_intent(intent.name)
+
+        await self.sync.commit(undo_all)
+        for intent in mine:
+            log.warning(
+                "rolled back the unfinished %s of model %s to version %s (the frontend stopped "
+                "during it)",
+                "deploy" if intent.added else "switch",
+                intent.name,
+                intent.version,
+            )
+        return mine
+
+    async def scale(
+        self,
+        name: str,
+        num_replicas: int,
+        version: str | None = None,
+        *,
+        wait: bool = True,
+        ready_timeout_s: float = 60.0,
+    ) -> ModelVersion:
+        mv = self.registry.get_model(name, version)
+        key = mv.version
+        mv = await self.sync.commit(lambda d: d.set_num_replicas(name, key, num_replicas))
+        await self.reconciler.settled(name, key)
+        if wait and num_replicas and self.reconciler.desired_replicas(mv):
+            await self.wait_for_replicas(name, key, num_replicas, ready_timeout_s=ready_timeout_s)
+        return mv
+
+    async def delete_version(self, name: str, version: str) -> None:
+        """Remove a version; its replicas drain what they hold and stop before this returns."""
+        await self.sync.commit(lambda d: d.delete_model_version(name, version))
+        await self.reconciler.settled(name, version)
+
+    # -- readiness -----------------------------------------------------------------------------
+    def replicas_changed(self, sched: ModelScheduler) -> None:
+        event = self._ready_events.get(sched.mv.key)
+        if event is not None:
+            event.set()
+
+    async def wait_for_replicas(
+        self, name: str, version: str, n: int, *, ready_timeout_s: float = 60.0
+    ) -> None:
+        key = (name, version)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ready_timeout_s
+        while True:
+            sched = self.schedulers.get(key)
+            if sched is not None and len(sched.replicas) >= n:
+                return
+            failed = [
+                p
+                for p in self.manager.replicas(name, version)
+                if p.restarts >= _GIVE_UP_AFTER_RESTARTS
+            ]
+            if failed:
+                raise ReplicaError(
+                    f"replica {failed[0].slot} of {name}:{version} exited {failed[0].restarts} "
+                    f"times (last exit code {failed[0].last_exit}); its log ends with:\n"
+                    f"{failed[0].log_tail()}"
+                )
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                connected = len(sched.replicas) if sched else 0
+                raise ReplicaError(
+                    f"{connected} of {n} replicas of {name}:{version} connected "
+                    f"within {ready_timeout_s} s"
+                )
+            event = self._ready_events.setdefault(key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                # Woken by a replica connecting; the timeout also re-checks failed processes.
+                await asyncio.wait_for(event.wait(), min(remaining, 0.5))
+            event.clear()

@@ -1,0 +1,202 @@
+"""The one place that makes the runtime match the registry.
+
+Desired state is a function of the registry alone: every registered model version has a
+scheduler (reconfigured when its settings change, closed when it is deleted), every scheduler's
+latency target follows the tightest SLO of the applications linked to its model, and a version
+runs ``num_replicas`` replicas when it is current, kept, or the target of a version change under
+way — otherwise none. Changes made on this frontend, changes from another frontend and the
+snapshot loaded at start-up all arrive as registry :class:`Change` events, and all take this
+path: nothing else starts or stops replicas.
+
+Each model version's replicas are converged by one owned worker task at a time (changes that
+arrive meanwhile are picked up by the same worker), so the manager never sees two overlapping
+requests for one version. A version that stops running first drains: its queue is answered or
+expires (bounded by its SLO) and its in-flight batches come back, then its processes stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from clipper.batching.scheduler import ModelScheduler
+from clipper.errors import RegistryError
+from clipper.managers.base import ContainerManager
+from clipper.registry import Change, ModelVersion, Registry
+
+__all__ = ["Reconciler"]
+
+log = logging.getLogger("clipper.runtime")
+
+_UNLINKED_SLO_S = 0.1
+_DRAIN_ALLOWANCE_S = 2.0
+
+Key = tuple[str, str]
+
+
+class Reconciler:
+    def __init__(
+        self,
+        registry: Registry,
+        manager: ContainerManager,
+        schedulers: dict[Key, ModelScheduler],
+        *,
+        make_scheduler: Callable[[ModelVersion, float], ModelScheduler],
+        remove_replicas: Callable[[ModelScheduler], None],
+        on_app_deleted: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        self.registry = registry
+        self.manager = manager
+        self.schedulers = schedulers
+        self._make_scheduler = make_scheduler
+        self._remove_replicas = remove_replicas
+        self._on_app_deleted = on_app_deleted
+        self._known: dict[Key, ModelVersion] = {}  # last settings of each version it ran
+        self._retiring: dict[Key, ModelScheduler] = {}  # deleted, draining before it closes
+        self._dirty: set[Key] = set()
+        self._workers: dict[Key, asyncio.Task[None]] = {}
+        self._idle: dict[Key, asyncio.Event] = {}
+        self._held = True
+        self._stopped = False
+        registry.subscribe(self.on_change)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Start converging replicas (held until start-up recovery has run, so that a version
+        change rolled back at start-up never starts its replicas)."""
+        self._held = False
+        for key in list(self._dirty):
+            self._kick(key)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        tasks = list(self._workers.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._workers.clear()
+        self.registry.unsubscribe(self.on_change)
+
+    async def settled(self, name: str, version: str) -> None:
+        """Wait until the version's replica count has been acted on."""
+        key = (name, version)
+        while key in self._workers or (key in self._dirty and not self._held):
+            event = self._idle.setdefault(key, asyncio.Event())
+            await event.wait()
+
+    # -- desired state -------------------------------------------------------------------------
+    def desired_replicas(self, mv: ModelVersion | None) -> int:
+        if mv is None or mv.artifact is None or not self.registry.runs(mv):
+            return 0
+        return mv.num_replicas
+
+    def slo_for(self, model: str) -> float:
+        r = self.registry
+        slos = [r.apps[a].slo_s for a, names in r.links.items() if model in names and a in r.apps]
+        return min(slos) if slos else _UNLINKED_SLO_S
+
+    # -- registry events -----------------------------------------------------------------------
+    def on_change(self, change: Change) -> None:
+        if change.kind == "model" and change.version is not None:
+            key = (change.name, change.version)
+            if change.op == "delete":
+                sched = self.schedulers.pop(key, None)
+                if sched is not None:
+                    self._retiring[key] = sched
+            else:
+                mv = self.registry.models[change.name][change.version]
+                sched = self.schedulers.get(key)
+                if sched is None:
+                    sched = self._make_scheduler(mv, self.slo_for(mv.name))
+                    self.schedulers[key] = sched
+                elif sched.mv != mv:
+                    sched.reconfigure(mv)
+                self._known[key] = mv
+            self._mark(key)
+        elif change.kind in ("version", "intent", "replicas"):
+            for version in self.registry.models.get(change.name, {}):
+                self._mark((change.name, version))
+            if change.version is not None:
+                self._mark((change.name, change.version))
+        elif change.kind in ("link", "app"):
+            # Links and SLOs changed: every model's target follows its tightest linked SLO
+            # (an unlinked model included). There are few schedulers; recompute them all.
+            for (name, _), sched in self.schedulers.items():
+                sched.set_slo(self.slo_for(name))
+            if change.kind == "app" and change.op == "delete":
+                self._on_app_deleted(change.name)
+
+    def _mark(self, key: Key) -> None:
+        if key not in self._known and key not in self.schedulers:
+            return
+        self._dirty.add(key)
+        if not self._held:
+            self._kick(key)
+
+    def _kick(self, key: Key) -> None:
+        if self._stopped or key in self._workers:
+            return  # the running worker sees the key dirty again and loops
+        self._idle.setdefault(key, asyncio.Event()).clear()
+        task = asyncio.get_running_loop().create_task(
+            self._work(key), name=f"clipper-reconcile-{key[0]}-{key[1]}"
+        )
+        self._workers[key] = task
+
+    async def _work(self, key: Key) -> None:
+        try:
+            while key in self._dirty:
+                self._dirty.discard(key)
+                try:
+                    await self._converge(key)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # Logged, not fatal: the next change to this version tries again.
+                    log.exception("reconciling %s:%s failed", *key)
+        finally:
+            self._workers.pop(key, None)
+            event = self._idle.get(key)
+            if event is not None:
+                event.set()
+
+    async def _converge(self, key: Key) -> None:
+        name, version = key
+        mv = self.registry.models.get(name, {}).get(version)
+        wanted = self.desired_replicas(mv)
+        known = mv or self._known.get(key)
+        if known is None:
+            return
+        running = len(self.manager.replicas(name, version))
+        if wanted == 0 and running:
+            await self._drain(self.schedulers.get(key) or self._retiring.get(key))
+            # The version may have come back while it drained: read it again.
+            if key in self._dirty:
+                return
+        await self.manager.ensure(known, wanted)
+        if mv is None:
+            self._known.pop(key, None)
+            sched = self._retiring.pop(key, None)
+            if sched is not None:
+                self._remove_replicas(sched)
+                sched.close(RegistryError(f"model {name}:{version} was deleted"))
+
+    async def _drain(self, sched: ModelScheduler | None) -> None:
+        """What a version was given is answered (or expired) before its replicas stop."""
+        if sched is None:
+            return
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        limit = loop.time() + sched.slo_s + _DRAIN_ALLOWANCE_S
+        while sched.queue or any(r.in_flight for r in sched.replicas):
+            # Woken by each answer; bounded by one SLO (what is queued is answered or
+            # expired by then) plus the drain allowance.
+            sched.on_drained = event.set
+            remaining = limit - loop.time()
+            if remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+            event.clear()
+        sched.on_drained = None
