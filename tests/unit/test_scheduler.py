@@ -1,6 +1,6 @@
 """ModelScheduler with a fake clock and a fake transport: dispatch, batching, expiry, replica
-loss, model errors, admission. Async tests only because the scheduler arms its timers with
-``asyncio.get_running_loop().call_later``."""
+loss, model errors, admission, drains. The scheduler arms its timer on the fake clock, so
+``clock.advance`` fires it: nothing here waits for real time."""
 
 from __future__ import annotations
 
@@ -220,8 +220,7 @@ async def test_delayed_batching_sends_a_partial_batch_when_the_wait_is_over(
     h.sched.pump()
     assert h.transport.sent == []  # 4 ms of 5: still waiting
     h.clock.advance(0.001)
-    # No pump from the test: the scheduler's own timer fires and finds the wait over.
-    await asyncio.wait_for(h.transport.batch_sent.wait(), 2.0)
+    # No pump from the test: the scheduler's own timer fires within advance().
     assert h.transport.payloads(0) == [b"a"]
 
 
@@ -415,3 +414,101 @@ async def test_a_free_replica_and_an_empty_queue_always_admit(harness_factory: A
     h.respond(0)
     h.sched.submit(h.task(b"next", slo_s=0.15))  # admitted: measured again
     assert len(h.sched.queue) == 1
+
+
+# -- timers on the fake clock: batch wait, deadlines, drains --------------------------------
+
+
+def sent_at(r: Replica) -> list[float]:
+    """When each batch in flight on ``r`` was sent (the scheduler's clock at dispatch)."""
+    return [at for _, at in r.in_flight.values()]
+
+
+def test_a_partial_batch_goes_exactly_when_the_wait_elapses(harness_factory: Any) -> None:
+    h = harness_factory(
+        batching=BatchingConfig(controller="fixed", max_batch_size=4, max_wait_micros=5000)
+    )
+    r = h.replica()
+    t0 = h.clock.now()
+    h.submit(b"a")
+    h.clock.advance(0.0049)
+    h.submit(b"b")  # company does not restart the wait: it counts from the oldest
+    h.clock.advance(0.00009)
+    assert h.transport.sent == []
+    h.clock.advance(0.00001 + 0.001)
+    assert h.transport.payloads(0) == [b"a", b"b"]
+    assert sent_at(r) == [pytest.approx(t0 + 0.005, abs=1e-9)]  # not at the end of advance
+    assert h.clock.pending() == 0
+
+
+def test_a_full_batch_goes_before_the_wait_elapses(harness_factory: Any) -> None:
+    h = harness_factory(
+        batching=BatchingConfig(controller="fixed", max_batch_size=3, max_wait_micros=5000)
+    )
+    r = h.replica()
+    h.submit(b"a", b"b")
+    h.clock.advance(0.001)
+    h.submit(b"c")
+    assert sent_at(r) == [h.clock.now()]  # full at 1 ms: sent then, not at 5 ms
+    h.clock.advance(0.01)
+    assert len(h.transport.sent) == 1  # the wait's timer did not send anything else
+
+
+def test_the_batch_wait_never_runs_past_the_earliest_deadline(harness_factory: Any) -> None:
+    h = harness_factory(
+        batching=BatchingConfig(controller="fixed", max_batch_size=4, max_wait_micros=100_000)
+    )
+    r = h.replica()
+    h.submit(b"warm", b"up", b"x", b"y")  # a full batch: teaches the controller 40 ms
+    h.clock.advance(0.04)
+    h.respond(0)
+    c = r.controller
+    assert c is not None
+    expected = c.expected_latency(1)
+    assert 0 < expected < 0.05
+    deadline = h.clock.now() + 0.05
+    h.submit(b"late", slo_s=0.05)
+    assert len(h.transport.sent) == 1
+    h.clock.advance(0.1)  # the whole 100 ms wait: it must have gone long before
+    assert h.transport.payloads(1) == [b"late"]
+    # Sent when what is left before the deadline is just the batch's expected latency.
+    assert sent_at(r) == [pytest.approx(deadline - expected, abs=1e-9)]
+
+
+def test_a_query_expired_while_queued_is_dropped_at_its_deadline_unsent(
+    harness_factory: Any,
+) -> None:
+    h = harness_factory(batching=fixed(1))
+    h.replica()
+    h.submit(b"a", slo_s=1.0)
+    h.submit(b"b", slo_s=0.1)  # queued behind a: the only replica is busy
+    assert h.transport.payloads(0) == [b"a"]
+    h.clock.advance(0.0999)
+    assert b"b" not in h.results.calls
+    h.clock.advance(0.0001)  # b's deadline: the scheduler's own timer expires it
+    assert isinstance(h.results.error(b"b"), DeadlineExceeded)
+    assert len(h.sched.queue) == 0
+    h.respond(0)
+    assert h.results.value(b"a") == b"A"
+    assert [p for i in range(len(h.transport.sent)) for p in h.transport.payloads(i)] == [b"a"]
+
+
+def test_a_drain_completes_when_the_in_flight_batches_come_back(harness_factory: Any) -> None:
+    h = harness_factory(batching=fixed(1, in_flight=2))
+    r0, r1 = h.replica(), h.replica()
+    h.submit(b"a", b"b")
+    assert [rep for rep, _, _ in h.transport.sent] == [r0, r1]
+    h.submit(b"c")
+    assert h.transport.sent[2][0] is r0  # pipelined on r0 too
+    drained: list[int] = []
+    h.sched.on_drained = lambda: drained.append(len(r0.in_flight))
+    r0.draining = True
+    r0.drained = asyncio.Event()
+    h.submit(b"d")
+    assert h.transport.sent[3][0] is r1  # a draining replica gets no new batch
+    h.respond(0)
+    assert drained == [1] and not r0.drained.is_set()  # one of r0's two is still out
+    h.respond(2)
+    assert drained == [1, 0] and r0.drained.is_set()
+    assert [h.results.value(p) for p in (b"a", b"c")] == [b"A", b"C"]
+    assert h.clock.pending() == 0  # nothing left armed that a drain would wait on

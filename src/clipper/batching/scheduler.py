@@ -1,8 +1,9 @@
 """Per model version: its queue, its replicas, and the loop-free dispatch that joins them.
 
 Nothing here owns a task. ``pump()`` runs when work arrives, when a replica frees a slot, or when
-the one timer it may arm (delayed batching, expiry) fires; each replica asks its own controller
-how big a batch may be, and the pure :func:`decide` says whether to send now or wait.
+the one timer it may arm (delayed batching, expiry; on the injected clock) fires; each replica
+asks its own controller how big a batch may be, and the pure :func:`decide` says whether to send
+now or wait.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from clipper.batching.controllers import BatchController, make_controller
 from clipper.batching.decision import Wait, decide
 from clipper.batching.queue import ModelQueue, Task
 from clipper.cache import PredictionCache
-from clipper.clock import Clock
+from clipper.clock import Clock, TimerHandle
 from clipper.errors import DeadlineExceeded, ModelError, OverloadedError
 from clipper.frontend.metrics import Metrics
 from clipper.registry import ModelVersion
@@ -87,8 +88,7 @@ class ModelScheduler:
         self.queue = ModelQueue(queue_capacity)
         self.replicas: list[Replica] = []
         self.slo_s = slo_s
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: TimerHandle | None = None
         self._timer_at = float("inf")
         self._max_wait_s = mv.batching.max_wait_micros / 1e6
         self._in_flight_cap = mv.batching.in_flight
@@ -298,11 +298,7 @@ class ModelScheduler:
                 return
             self._timer.cancel()
         self._timer_at = at
-        loop = self._loop
-        if loop is None:
-            # Cached: on Python 3.11 every get_running_loop() is a getpid() system call.
-            loop = self._loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(seconds, self._fire)
+        self._timer = self.clock.call_later(seconds, self._fire)
 
     def _fire(self) -> None:
         self._timer = None

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from clipper.clock import TimerHandle, wait_all
 from clipper.errors import (
     BadInputError,
     ClipperError,
@@ -178,7 +179,7 @@ class SelectionRuntime:
             if submitted:
                 sched.pump()
         if q.respond is not None:
-            q.timer = asyncio.get_running_loop().call_later(
+            q.timer = proc.clock.call_later(
                 max(deadline - app.answer_margin_s - proc.clock.now(), 0.0), q.on_deadline
             )
 
@@ -264,7 +265,7 @@ class SelectionRuntime:
             if proc.submit(app, model, version, sched, payload, deadline, done):
                 sched.pump()
         if futures:
-            await asyncio.wait(futures.values(), timeout=deadline - proc.clock.now())
+            await wait_all(proc.clock, futures.values(), deadline - proc.clock.now())
         return {m: f.result() for m, f in futures.items() if f.done() and f.exception() is None}
 
     def spawn(self, coro: Any) -> None:
@@ -322,7 +323,7 @@ class EnsembleQuery:
         self.respond: Callable[[int, bytes], None] | None = respond
         self.t0 = t0
         self.deadline = deadline
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: TimerHandle | None = None
 
     def waiter(self, i: int, model: str) -> Callable[[object, BaseException | None], None]:
         def done(value: object, err: BaseException | None) -> None:

@@ -7,7 +7,6 @@ timer answers whatever is missing with the application's default output and the 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,7 @@ import orjson
 from clipper.batching.queue import Task
 from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import CacheKey, Lookup, PredictionCache
-from clipper.clock import Clock
+from clipper.clock import Clock, TimerHandle
 from clipper.errors import (
     BadInputError,
     DeadlineExceeded,
@@ -99,7 +98,7 @@ class _Query:
         self.remaining = n
         self.respond: Respond | None = respond
         self.t0 = t0
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: TimerHandle | None = None
         self.single = n == 1
         self.model = model
         self.version = ""
@@ -186,7 +185,6 @@ class QueryProcessor:
         self.selection: SelectionRuntime | None = None
         # Online learning: (app, models, input payload, label) for containers with update().
         self.on_feedback: Callable[[Application, list[str], bytes, Any], None] | None = None
-        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._app_metrics: dict[str, tuple[Any, Any]] = {}
         self._cache_metrics: dict[tuple[str, str], tuple[Any, Any]] = {}
 
@@ -282,16 +280,9 @@ class QueryProcessor:
         if submitted:
             sched.pump()
         if q.respond is not None and q.remaining:
-            q.timer = self._loop().call_later(
+            q.timer = self.clock.call_later(
                 max(q.deadline - q.app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
             )
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        # Cached: on Python 3.11 every asyncio.get_running_loop() is a getpid() system call.
-        loop = self._event_loop
-        if loop is None:
-            loop = self._event_loop = asyncio.get_running_loop()
-        return loop
 
     def enqueue(self, q: _Query, i: int) -> bool:
         """Look input ``i`` up in the cache, or queue it; True when a task was queued (the

@@ -8,7 +8,6 @@ registered when its metadata arrives and removed when it has been silent longer 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import cast
@@ -17,7 +16,7 @@ import zmq
 
 from clipper.batching.queue import Task
 from clipper.batching.scheduler import Replica
-from clipper.clock import Clock
+from clipper.clock import Clock, TimerHandle
 from clipper.errors import WireError
 from clipper.inputs import InputType
 from clipper.registry import embed_output
@@ -33,6 +32,8 @@ Registrar = Callable[[wire.NewContainer, bytes], Replica | None]
 Remover = Callable[[Replica], None]
 
 _DRAIN_BATCH = 256
+# How often replicas are checked for silence (their timeouts are seconds).
+_LIVENESS_PERIOD_S = 0.25
 _V3_ERROR_KEY = "__clipper_error__"
 
 
@@ -59,7 +60,7 @@ class RpcServer:
         self._msg_id = 0
         self._drain_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._liveness: asyncio.Task[None] | None = None
+        self._liveness: TimerHandle | None = None
 
     @property
     def address(self) -> str:
@@ -82,15 +83,13 @@ class RpcServer:
             sock.bind(f"tcp://{self.host}:{self.port}")
         self._sock = sock
         self._loop.add_reader(_fd(sock), self._drain)
-        self._liveness = asyncio.create_task(self._check_liveness(), name="clipper-rpc-liveness")
+        self._liveness = self.clock.call_later(_LIVENESS_PERIOD_S, self._check_liveness)
         # Messages may have queued before the reader was attached; the FD is edge-triggered.
         self._loop.call_soon(self._drain)
 
     async def stop(self) -> None:
         if self._liveness is not None:
             self._liveness.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._liveness
             self._liveness = None
         if self._sock is not None and self._loop is not None:
             self._loop.remove_reader(_fd(self._sock))
@@ -217,18 +216,19 @@ class RpcServer:
         if self._replicas.pop(replica.identity, None) is not None:
             self._on_removed(replica)
 
-    async def _check_liveness(self) -> None:
-        while True:
-            await asyncio.sleep(0.25)
-            now = self.clock.now()
-            for replica in list(self._replicas.values()):
-                if now - replica.last_seen > replica.timeout:
-                    log.warning(
-                        "replica %s silent for %.1f s: removed",
-                        replica.replica_id,
-                        now - replica.last_seen,
-                    )
-                    self.remove(replica)
+    def _check_liveness(self) -> None:
+        # A timer on the clock, not a sleeping task, so a fake clock's advance() runs it;
+        # re-armed first, so that an error below does not end the checks.
+        self._liveness = self.clock.call_later(_LIVENESS_PERIOD_S, self._check_liveness)
+        now = self.clock.now()
+        for replica in list(self._replicas.values()):
+            if now - replica.last_seen > replica.timeout:
+                log.warning(
+                    "replica %s silent for %.1f s: removed",
+                    replica.replica_id,
+                    now - replica.last_seen,
+                )
+                self.remove(replica)
 
 
 def _fd(sock: zmq.Socket[bytes]) -> int:

@@ -1,0 +1,263 @@
+"""The deadline guarantees of the query path, on a fake clock: a query is answered with the
+default output when the clock reaches its deadline and not before; a straggling model of an
+ensemble is cut at the deadline and the answer uses the others. No loop, no sleeping: the
+deadline timers are armed on the clock and fire inside ``clock.advance``."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from clipper.batching.queue import Task
+from clipper.batching.scheduler import ModelScheduler, Replica
+from clipper.cache import PredictionCache
+from clipper.clock import FakeClock
+from clipper.config import BatchingConfig
+from clipper.errors import ReplicaError
+from clipper.frontend.ensemble import SelectionRuntime
+from clipper.frontend.metrics import Metrics
+from clipper.frontend.query import SLO_MISSED, QueryProcessor
+from clipper.inputs import InputType
+from clipper.registry import Application, ModelVersion, Registry
+
+SLO_US = 20_000  # 20 ms: the answer margin is 2 ms
+
+
+class Transport:
+    """Records batches; the test answers them (or not) through the scheduler."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Replica, int, list[Task]]] = []
+
+    def send_batch(self, replica: Replica, tasks: list[Task]) -> int:
+        self.sent.append((replica, len(self.sent), list(tasks)))
+        return len(self.sent) - 1
+
+
+class Answers:
+    """The responses a query got, with the clock's time of each."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.got: list[tuple[float, int, Any]] = []
+
+    def __call__(self, status: int, body: bytes) -> None:
+        self.got.append((self.clock.now(), status, orjson.loads(body)))
+
+    def one(self) -> tuple[float, Any]:
+        [(at, status, doc)] = self.got
+        assert status == 200
+        return at, doc
+
+
+class Frontend:
+    """A query processor over fake-transport schedulers, one replica per model."""
+
+    def __init__(self, app: Application, models: list[str]) -> None:
+        self.clock = FakeClock()
+        self.registry = Registry()
+        self.cache = PredictionCache(1 << 20)
+        self.metrics = Metrics()
+        self.transport = Transport()
+        self.schedulers: dict[tuple[str, str], ModelScheduler] = {}
+        self.replicas: dict[str, Replica] = {}
+        self.registry.add_app(app)
+        batching = BatchingConfig(controller="fixed", max_batch_size=8, max_wait_micros=0)
+        for i, name in enumerate(models):
+            mv = ModelVersion(name=name, version="1", input_type=app.input_type, batching=batching)
+            self.registry.add_model(mv)
+            self.registry.set_model_version(name, "1")
+            self.registry.link(app.name, name)
+            sched = ModelScheduler(
+                mv,
+                slo_s=app.slo_s,
+                cache=self.cache,
+                clock=self.clock,
+                transport=self.transport,
+                metrics=self.metrics,
+                queue_capacity=100,
+            )
+            self.schedulers[mv.key] = sched
+            replica = Replica(name.encode(), i, True, 3.0, self.clock.now())
+            sched.add_replica(replica)
+            self.replicas[name] = replica
+        self.proc = QueryProcessor(
+            registry=self.registry,
+            cache=self.cache,
+            clock=self.clock,
+            metrics=self.metrics,
+            schedulers=self.schedulers,
+        )
+
+    def answer(self, model: str, outputs: list[object]) -> None:
+        """The model's replica answers its (only) batch in flight."""
+        replica = self.replicas[model]
+        [msg_id] = replica.in_flight
+        sched = replica.scheduler
+        assert sched is not None
+        sched.on_response(replica, msg_id, outputs, None, 10)
+
+    def close(self) -> None:
+        for sched in self.schedulers.values():
+            sched.close(ReplicaError("test over"))
+
+
+@pytest.fixture
+def frontends() -> Iterator[list[Frontend]]:
+    made: list[Frontend] = []
+    yield made
+    for f in made:
+        f.close()
+
+
+def single_app(**kwargs: Any) -> Application:
+    return Application("app", InputType.DOUBLES, "-1", SLO_US, **kwargs)
+
+
+def test_a_query_gets_the_default_output_exactly_at_its_deadline(
+    frontends: list[Frontend],
+) -> None:
+    app = single_app()
+    f = Frontend(app, ["m"])
+    frontends.append(f)
+    answers = Answers(f.clock)
+    t0 = f.clock.now()
+    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    assert len(f.transport.sent) == 1  # the replica has it, and never answers
+    answer_at = t0 + app.slo_s - app.answer_margin_s
+    f.clock.advance(app.slo_s - app.answer_margin_s - 1e-6)
+    assert answers.got == []  # not before
+    f.clock.advance(1e-6)
+    at, doc = answers.one()
+    assert at == pytest.approx(answer_at, abs=1e-9)
+    assert doc["default"] is True and doc["output"] == -1
+    assert doc["default_explanation"] == SLO_MISSED
+    f.answer("m", [5.0])  # the late answer is not a second response
+    assert len(answers.got) == 1
+    assert f.clock.pending() == 0
+
+
+def test_an_answer_before_the_deadline_cancels_the_deadline_timer(
+    frontends: list[Frontend],
+) -> None:
+    f = Frontend(single_app(), ["m"])
+    frontends.append(f)
+    answers = Answers(f.clock)
+    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    f.clock.advance(0.005)
+    f.answer("m", [5.0])
+    at, doc = answers.one()
+    assert at == f.clock.now()
+    assert doc["default"] is False and doc["output"] == 5.0
+    assert f.clock.pending() == 0
+    f.clock.advance(1.0)
+    assert len(answers.got) == 1
+
+
+def test_a_query_with_a_shorter_slo_is_answered_at_its_own_deadline(
+    frontends: list[Frontend],
+) -> None:
+    app = single_app()
+    f = Frontend(app, ["m"])
+    frontends.append(f)
+    answers = Answers(f.clock)
+    t0 = f.clock.now()
+    f.proc.predict("app", b'{"input": [1.0]}', answers, slo_s=0.01)  # e.g. a V2 timeout
+    f.clock.advance(0.01)
+    at, doc = answers.one()
+    assert at == pytest.approx(t0 + 0.01 - app.answer_margin_s, abs=1e-9)
+    assert doc["default"] is True
+
+
+def test_a_query_whose_deadline_passes_while_queued_never_reaches_the_replica(
+    frontends: list[Frontend],
+) -> None:
+    app = single_app(cache=False)
+    f = Frontend(app, ["m"])
+    frontends.append(f)
+    first, second = Answers(f.clock), Answers(f.clock)
+    f.proc.predict("app", b'{"input": [1.0]}', first)  # takes the only in-flight slot
+    f.clock.advance(0.010)
+    f.proc.predict("app", b'{"input": [2.0]}', second, slo_s=0.005)  # queued behind it
+    f.clock.advance(0.005)  # past the second one's deadline: expired in the queue
+    assert len(f.schedulers["m", "1"].queue) == 0
+    _, doc = second.one()
+    assert doc["default"] is True and doc["default_explanation"] == SLO_MISSED
+    f.answer("m", [1.5])  # the slot frees up: nothing left to send
+    _, doc = first.one()
+    assert doc["output"] == 1.5
+    assert len(f.transport.sent) == 1  # the replica never saw the second query
+
+
+def ensemble_app() -> Application:
+    return Application("app", InputType.DOUBLES, "-1", SLO_US, policy="exp4")
+
+
+def ensemble(frontends: list[Frontend], models: list[str]) -> Frontend:
+    f = Frontend(ensemble_app(), models)
+    frontends.append(f)
+    runtime = SelectionRuntime(f.proc, rng=random.Random(0))
+    f.proc.selection = runtime
+    app = f.registry.apps["app"]
+    sel = runtime.selection(app)
+    sel.states.put("", sel.policy.init_state())  # known user: no state to load, no task
+    return f
+
+
+def test_a_straggling_model_is_cut_at_the_deadline_and_the_others_answer(
+    frontends: list[Frontend],
+) -> None:
+    f = ensemble(frontends, ["fast", "also-fast", "slow"])
+    app = f.registry.apps["app"]
+    answers = Answers(f.clock)
+    t0 = f.clock.now()
+    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    assert {r.identity for r, _, _ in f.transport.sent} == {b"fast", b"also-fast", b"slow"}
+    f.clock.advance(0.003)
+    f.answer("fast", [2.5])
+    f.answer("also-fast", [2.5])
+    f.clock.advance(app.slo_s - app.answer_margin_s - 0.003 - 1e-6)
+    assert answers.got == []  # waiting for the slow one until the deadline, not longer
+    f.clock.advance(1e-6)
+    at, doc = answers.one()
+    assert at == pytest.approx(t0 + app.slo_s - app.answer_margin_s, abs=1e-9)
+    assert doc["default"] is False
+    assert doc["output"] == 2.5
+    assert sorted(doc["models"]) == ["also-fast", "fast"]  # the straggler was left out
+    assert doc["confidence"] < 1.0  # and its absence lowers the confidence
+    f.answer("slow", [9.0])
+    assert len(answers.got) == 1
+    assert f.clock.pending() == 0
+
+
+def test_an_ensemble_answers_at_once_when_every_model_has_answered(
+    frontends: list[Frontend],
+) -> None:
+    f = ensemble(frontends, ["a", "b"])
+    answers = Answers(f.clock)
+    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    f.clock.advance(0.001)
+    f.answer("a", [3.5])
+    assert answers.got == []
+    f.answer("b", [3.5])
+    at, doc = answers.one()
+    assert at == f.clock.now()
+    assert doc["default"] is False and sorted(doc["models"]) == ["a", "b"]
+    assert f.clock.pending() == 0
+
+
+def test_an_ensemble_where_no_model_answers_gets_the_default_at_the_deadline(
+    frontends: list[Frontend],
+) -> None:
+    f = ensemble(frontends, ["a", "b"])
+    app = f.registry.apps["app"]
+    answers = Answers(f.clock)
+    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    f.clock.advance(app.slo_s - app.answer_margin_s)
+    _, doc = answers.one()
+    assert doc["default"] is True and doc["output"] == -1
+    assert doc["default_explanation"] == SLO_MISSED
