@@ -1,0 +1,219 @@
+"""A ``clipper start`` frontend as a real subprocess, for tests that SIGKILL it.
+
+The frontend listens on free ports picked here (a restart reuses them, as a supervisor restarting
+the same configuration would), logs to a file in the test's directory, and is stopped by PID.
+Its replicas are ``python -m clipper.container ... --parent-pid <frontend pid>`` processes that
+exit by themselves once the frontend is gone; :func:`container_pids` finds them by that flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tests.integration.helpers import Response, pid_alive, post_json, request, wait_for
+from tests.integration.redis_server import free_port
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+START_LIMIT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    query: int
+    admin: int
+    rpc: int
+
+    @classmethod
+    def free(cls) -> Ports:
+        picked: set[int] = set()
+        while len(picked) < 3:
+            picked.add(free_port())
+        query, admin, rpc = sorted(picked)
+        return cls(query, admin, rpc)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # gone
+    # "pid (comm) S ...": the state follows the last ')'.
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def container_pids(parent_pid: int) -> list[int]:
+    """Live (not zombie) ``clipper.container`` processes started with ``--parent-pid <it>``."""
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"clipper.container" not in args:
+            continue
+        for flag, value in itertools.pairwise(args):
+            if flag == b"--parent-pid" and value == str(parent_pid).encode():
+                pid = int(entry.name)
+                if not _is_zombie(pid):
+                    found.append(pid)
+                break
+    return sorted(found)
+
+
+def live(pid: int) -> bool:
+    return pid_alive(pid) and not _is_zombie(pid)
+
+
+class FrontendProcess:
+    """One frontend configuration (ports, state dir, store); each :meth:`start` is a new process.
+
+    Every PID it ever had is remembered, so :meth:`cleanup` can also reap replicas that outlived
+    a killed frontend (they must not, and the tests assert that separately).
+    """
+
+    def __init__(self, state_dir: Path, *, store: str | None = None, name: str = "frontend"):
+        self.state_dir = state_dir
+        self.store = store
+        self.name = name
+        self.ports = Ports.free()
+        self.log_path = state_dir.parent / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.past_pids: list[int] = []
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.admin}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} is not running"
+        return self.proc.pid
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "clipper.cli", "start",
+            "--host", "127.0.0.1",
+            "--query-port", str(self.ports.query),
+            "--admin-port", str(self.ports.admin),
+            "--rpc-port", str(self.ports.rpc),
+            "--grpc-port", "-1",
+            "--state-dir", str(self.state_dir),
+        ]  # fmt: skip
+        if self.store is not None:
+            cmd += ["--store", self.store]
+        return cmd
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        # The child must not inherit a CLIPPER_* setting of the shell that runs the tests.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CLIPPER_")}
+        env["PYTHONPATH"] = SRC
+        env["OMP_NUM_THREADS"] = "1"
+        with self.log_path.open("ab") as log:
+            log.write(f"\n==== start {time.strftime('%H:%M:%S')} ====\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        self.past_pids.append(self.proc.pid)
+        return self.proc
+
+    async def start(self, *, limit_s: float = START_LIMIT_S) -> None:
+        assert self.proc is None or self.proc.poll() is not None, f"{self.name} already runs"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        proc = self._spawn()
+
+        async def pings() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited {proc.returncode} while starting; its log ends with:\n"
+                    f"{self.log_tail()}"
+                )
+            try:
+                resp = await request(f"{self.admin_url}/admin/ping", limit_s=1.0)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError):
+                return False
+            return resp.status == 200
+
+        try:
+            await wait_for(
+                pings, limit_s=limit_s, interval=0.05, what=f"{self.name} to answer ping"
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.name} log ends with:\n{self.log_tail()}") from None
+
+    def kill(self) -> int:
+        """SIGKILL the frontend (only the frontend: its replicas must notice by themselves)."""
+        proc = self.proc
+        assert proc is not None
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return proc.pid
+
+    def stop(self) -> None:
+        """SIGTERM (a graceful stop), SIGKILL after 20 s."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def cleanup(self) -> None:
+        """Stop the frontend; then kill, by PID, any replica of any of its past processes that
+        is still alive 10 s later (a leak the tests report on their own)."""
+        self.stop()
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            if not any(container_pids(p) for p in self.past_pids):
+                return
+            time.sleep(0.1)
+        for parent in self.past_pids:
+            for pid in container_pids(parent):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return "(no log)"
+        return data[-max_bytes:].decode(errors="replace")
+
+    async def admin(self, route: str, doc: Any, *, limit_s: float = 10.0) -> Response:
+        return await post_json(f"{self.admin_url}/admin/{route}", doc, limit_s=limit_s)
+
+    async def admin_ok(self, route: str, doc: Any, *, limit_s: float = 30.0) -> Any:
+        """POST and return the decoded JSON (or the text) of a 200 answer; fail otherwise."""
+        resp = await self.admin(route, doc, limit_s=limit_s)
+        assert resp.status == 200, f"{self.name} {route} {doc!r}: {resp.status} {resp.body[:500]!r}"
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return orjson.loads(resp.body)
+        return resp.body.decode()
+
+    async def apps(self) -> list[dict[str, Any]]:
+        """``get_all_applications`` verbose, sorted by name."""
+        apps: list[dict[str, Any]] = await self.admin_ok("get_all_applications", {"verbose": True})
+        return sorted(apps, key=lambda a: str(a["name"]))
