@@ -134,6 +134,7 @@ class Clipper:
             self.registry,
             self.manager,
             self.schedulers,
+            clock=self.clock,
             make_scheduler=self._make_scheduler,
             remove_replicas=self._disconnect,
             on_app_deleted=self._forget_app,

@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from clipper.batching.scheduler import ModelScheduler
+from clipper.clock import MonotonicClock
 from clipper.config import BatchingConfig
 from clipper.errors import RegistryError, ReplicaError
 from clipper.inputs import InputType
@@ -130,6 +131,7 @@ async def runtime(store: FlakyStore | None = None, node: str = "node-a") -> Runt
         registry,
         manager,
         schedulers,
+        clock=MonotonicClock(),
         make_scheduler=lambda mv, slo: cast(ModelScheduler, FakeScheduler(mv, slo)),
         remove_replicas=lambda sched: None,
         on_app_deleted=forgotten.append,

@@ -17,11 +17,11 @@ expires (bounded by its SLO) and its in-flight batches come back, then its proce
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from clipper.batching.scheduler import ModelScheduler
+from clipper.clock import Clock, wait_event
 from clipper.errors import RegistryError
 from clipper.managers.base import ContainerManager
 from clipper.registry import Change, ModelVersion, Registry
@@ -43,6 +43,7 @@ class Reconciler:
         manager: ContainerManager,
         schedulers: dict[Key, ModelScheduler],
         *,
+        clock: Clock,
         make_scheduler: Callable[[ModelVersion, float], ModelScheduler],
         remove_replicas: Callable[[ModelScheduler], None],
         on_app_deleted: Callable[[str], None] = lambda name: None,
@@ -50,6 +51,7 @@ class Reconciler:
         self.registry = registry
         self.manager = manager
         self.schedulers = schedulers
+        self.clock = clock
         self._make_scheduler = make_scheduler
         self._remove_replicas = remove_replicas
         self._on_app_deleted = on_app_deleted
@@ -186,17 +188,15 @@ class Reconciler:
         """What a version was given is answered (or expired) before its replicas stop."""
         if sched is None:
             return
-        loop = asyncio.get_running_loop()
         event = asyncio.Event()
-        limit = loop.time() + sched.slo_s + _DRAIN_ALLOWANCE_S
+        limit = self.clock.now() + sched.slo_s + _DRAIN_ALLOWANCE_S
         while sched.queue or any(r.in_flight for r in sched.replicas):
             # Woken by each answer; bounded by one SLO (what is queued is answered or
             # expired by then) plus the drain allowance.
             sched.on_drained = event.set
-            remaining = limit - loop.time()
+            remaining = limit - self.clock.now()
             if remaining <= 0:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining)
+            await wait_event(self.clock, event, remaining)
             event.clear()
         sched.on_drained = None

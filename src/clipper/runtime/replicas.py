@@ -8,13 +8,12 @@ manager's view of a process (pid, exit) and the scheduler's view of a connection
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Callable
 
 from clipper.batching.scheduler import ModelScheduler, Replica
-from clipper.clock import Clock
+from clipper.clock import Clock, wait_event
 from clipper.rpc import wire
 
 __all__ = ["ReplicaDirectory"]
@@ -98,6 +97,5 @@ class ReplicaDirectory:
         replica.draining = True
         if replica.in_flight:
             replica.drained = asyncio.Event()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(replica.drained.wait(), _DRAIN_TIMEOUT_S)
+            await wait_event(self.clock, replica.drained, _DRAIN_TIMEOUT_S)
         self.remove(replica)
