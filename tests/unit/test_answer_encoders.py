@@ -73,6 +73,21 @@ def test_rest_reply_renders_answers_and_refusals() -> None:
     assert got[1][:2] == (503, b'{"error":"Service unavailable","cause":"queue is full"}')
 
 
+def test_rest_reply_renders_feedback_outcomes() -> None:
+    from clipper.frontend.ensemble import FeedbackError, NoPrediction
+
+    got: list[tuple[int, bytes]] = []
+    reply = RestReply(lambda status, data, ctype=b"": got.append((status, data)))
+    reply.received()
+    reply.fail(FeedbackError("bad label"))
+    reply.fail(NoPrediction("no model"))
+    assert got == [
+        (200, b"Feedback received? 1"),
+        (400, b'{"error":"Feedback error","cause":"bad label"}'),
+        (503, b'{"error":"Service unavailable","cause":"no model"}'),
+    ]
+
+
 # -- V2 REST -----------------------------------------------------------------------------------
 def test_v2_rest_response_of_a_batch_with_a_default() -> None:
     header, raw = v2.encode_response("a", "1", "r-1", [ANSWERED, DEFAULTED])

@@ -26,7 +26,7 @@ from clipper.errors import (
     ReplicaError,
     RequestError,
 )
-from clipper.frontend.prediction import DefaultReason, Prediction, Reply
+from clipper.frontend.prediction import DefaultReason, FeedbackReply, Prediction, Reply
 from clipper.inputs import parse_input
 from clipper.registry import Application
 from clipper.selection import SelectionPolicy, UserStates, make_loss, make_policy
@@ -58,6 +58,20 @@ class Misconfigured(RequestError):
 
     status = 503
     error = "Service unavailable"
+
+
+class NoPrediction(RequestError):
+    """No linked model answered for a feedback's input: nothing to join the label with."""
+
+    status = 503
+    error = "Service unavailable"
+
+
+class FeedbackError(RequestError):
+    """Feedback that failed while it was being learned from."""
+
+    status = 400
+    error = "Feedback error"
 
 
 class Selection:
@@ -184,14 +198,12 @@ class SelectionRuntime:
             )
 
     # -- feedback ----------------------------------------------------------------------------
-    def feedback(
-        self, app: Application, body: bytes, respond: Callable[[int, bytes], None]
-    ) -> None:
+    def feedback(self, app: Application, body: bytes, reply: FeedbackReply) -> None:
         """Validate now (a bad request is answered 400 at once); learn in a task."""
         item, label, uid = parse_feedback(app, body)
         payload = parse_input(app.input_type, item)
         sel = self.selection(app)
-        self.spawn(self._learn(sel, payload, label, uid, respond))
+        self.spawn(self._learn(sel, payload, label, uid, reply))
 
     async def _learn(
         self,
@@ -199,7 +211,7 @@ class SelectionRuntime:
         payload: bytes,
         label: Any,
         uid: str,
-        respond: Callable[[int, bytes], None],
+        reply: FeedbackReply,
     ) -> None:
         proc, app = self.proc, sel.app
         try:
@@ -218,15 +230,11 @@ class SelectionRuntime:
             if missing:  # evicted or never asked: ask the models again
                 outputs.update(await self._ask(app, payload, missing))
             if not outputs:
-                respond(
-                    503,
-                    orjson.dumps(
-                        {
-                            "error": "Service unavailable",
-                            "cause": "no linked model answered for this input, so the feedback "
-                            "cannot be joined with a prediction; retry when replicas are up",
-                        }
-                    ),
+                reply.fail(
+                    NoPrediction(
+                        "no linked model answered for this input, so the feedback "
+                        "cannot be joined with a prediction; retry when replicas are up"
+                    )
                 )
                 return
             sel.policy.observe(state, outputs, label, sel.loss)
@@ -235,9 +243,9 @@ class SelectionRuntime:
                 self.persist(app.name, uid, state)
             if app.online_learning and proc.on_feedback is not None:
                 proc.on_feedback(app, list(outputs), payload, label)
-            respond(200, b"Feedback received? 1")
+            reply.received()
         except ClipperError as e:
-            respond(400, orjson.dumps({"error": "Feedback error", "cause": str(e)}))
+            reply.fail(FeedbackError(str(e)))
 
     async def _ask(
         self, app: Application, payload: bytes, models: list[tuple[str, str]]

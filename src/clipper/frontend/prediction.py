@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from clipper.errors import RequestError
 
-__all__ = ["DefaultReason", "Prediction", "Reply"]
+__all__ = ["DefaultReason", "FeedbackReply", "Prediction", "Reply"]
 
 
 class DefaultReason(enum.StrEnum):
@@ -59,3 +59,13 @@ class Reply(Protocol):
 
     def fail(self, err: RequestError) -> None:
         """The query was refused after it was accepted (503 under overload)."""
+
+
+class FeedbackReply(Protocol):
+    """Where one feedback request's outcome goes: exactly one of the two is called, once."""
+
+    def received(self) -> None:
+        """The label was joined with the models' predictions and learned from."""
+
+    def fail(self, err: RequestError) -> None:
+        """The feedback could not be learned from."""

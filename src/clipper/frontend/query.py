@@ -30,7 +30,7 @@ from clipper.errors import (
 )
 from clipper.frontend.ensemble import EnsembleQuery, SelectionRuntime, combine_one, parse_uid
 from clipper.frontend.metrics import Metrics
-from clipper.frontend.prediction import DefaultReason, Prediction, Reply
+from clipper.frontend.prediction import DefaultReason, FeedbackReply, Prediction, Reply
 from clipper.inputs import parse_input
 from clipper.registry import Application, Registry
 
@@ -370,14 +370,14 @@ class QueryProcessor:
         return batch, version, parse_uid(doc.get("uid"))
 
     # -- feedback ----------------------------------------------------------------------------
-    def feedback(self, app_name: str, body: bytes, respond: Callable[[int, bytes], None]) -> None:
+    def feedback(self, app_name: str, body: bytes, reply: FeedbackReply) -> None:
         """``POST /{app}/update``: joins the label with the models' predictions for that input
         and updates the application's selection policy (per user with a ``uid``)."""
         app = self.registry.apps.get(app_name)
         if app is None:
             raise NotFoundError(f"no application named '{app_name}'")
         assert self.selection is not None
-        self.selection.feedback(app, body, respond)
+        self.selection.feedback(app, body, reply)
 
     # -- answers -----------------------------------------------------------------------------
     def explain(self, model: str, err: BaseException) -> tuple[DefaultReason, str]:

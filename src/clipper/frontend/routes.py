@@ -64,7 +64,8 @@ def encode_predictions(predictions: list[Prediction]) -> bytes:
 
 
 class RestReply:
-    """A Clipper REST request's :class:`~clipper.frontend.prediction.Reply`."""
+    """A Clipper REST request's :class:`~clipper.frontend.prediction.Reply` (predict) or
+    :class:`~clipper.frontend.prediction.FeedbackReply` (update)."""
 
     __slots__ = ("respond",)
 
@@ -73,6 +74,9 @@ class RestReply:
 
     def answer(self, predictions: list[Prediction]) -> None:
         self.respond(200, encode_predictions(predictions), JSON)
+
+    def received(self) -> None:
+        self.respond(200, b"Feedback received? 1", JSON)  # the original's answer, verbatim
 
     def fail(self, err: RequestError) -> None:
         self.respond(err.status, error_body(err), JSON)
@@ -94,7 +98,7 @@ class QueryRoutes:
                 self._predict(app, body, RestReply(respond))
                 return
             if verb == "update" and app:
-                self.clipper.processor.feedback(app, body, respond)
+                self.clipper.processor.feedback(app, body, RestReply(respond))
                 return
         if method == b"GET":
             if path == "/metrics":
