@@ -279,3 +279,38 @@ async def test_model_config(served: tuple[Clipper, str]) -> None:
     err = await asyncio.to_thread(_call, url, unknown)
     assert err is not None
     assert err.status() == str(grpc.StatusCode.NOT_FOUND)
+
+
+async def test_infer_encodes_no_json_on_the_way(
+    served: tuple[Clipper, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ModelInfer answered by a model goes from protobuf to the application's inputs and
+    from predictions to protobuf: the frontend's code calls orjson not once (it used to
+    encode and decode a REST request and response, three pairs)."""
+    import sys
+
+    import orjson
+
+    _, url = served
+    calls: list[str] = []
+    real = {"dumps": orjson.dumps, "loads": orjson.loads}
+
+    def counted(name: str) -> Any:
+        fn = real[name]
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            module = sys._getframe(1).f_globals.get("__name__", "")
+            if module.startswith("clipper.frontend"):
+                calls.append(f"{module}.{name}")
+            return fn(*args, **kwargs)
+
+        return call
+
+    x = np.array([[1.0, 2.0], [3.0, 4.0]])
+    await asyncio.to_thread(_call, url, lambda c: c.infer("doubles", [_in(x)]))  # warm
+    monkeypatch.setattr(orjson, "dumps", counted("dumps"))
+    monkeypatch.setattr(orjson, "loads", counted("loads"))
+    result = await asyncio.to_thread(_call, url, lambda c: c.infer("doubles", [_in(x)]))
+    monkeypatch.undo()
+    assert result.as_numpy("output").tolist() == [3.0, 7.0]
+    assert calls == []

@@ -27,6 +27,7 @@ from clipper.errors import (
     ReplicaError,
     RequestError,
 )
+from clipper.frontend.prediction import DefaultReason, FeedbackReply, Prediction, Reply
 from clipper.inputs import parse_input
 from clipper.registry import Application
 from clipper.selection import SelectionPolicy, UserStates, make_loss, make_policy
@@ -58,6 +59,20 @@ class Misconfigured(RequestError):
 
     status = 503
     error = "Service unavailable"
+
+
+class NoPrediction(RequestError):
+    """No linked model answered for a feedback's input: nothing to join the label with."""
+
+    status = 503
+    error = "Service unavailable"
+
+
+class FeedbackError(RequestError):
+    """Feedback that failed while it was being learned from."""
+
+    status = 400
+    error = "Feedback error"
 
 
 class Selection:
@@ -132,18 +147,18 @@ class SelectionRuntime:
         app: Application,
         payloads: list[bytes],
         uid: str,
-        respond: Callable[[int, bytes], None],
+        reply: Reply,
         t0: float,
         slo_s: float,
     ) -> None:
         sel = self.selection(app)
         if uid in sel.states:
-            self._run(sel, sel.states.get(uid), payloads, respond, t0, slo_s)
+            self._run(sel, sel.states.get(uid), payloads, reply, t0, slo_s)
             return
 
         async def load_then_run() -> None:
             state = await self.state_for(sel, uid)
-            self._run(sel, state, payloads, respond, t0, slo_s)
+            self._run(sel, state, payloads, reply, t0, slo_s)
 
         self.spawn(load_then_run())
 
@@ -152,7 +167,7 @@ class SelectionRuntime:
         sel: Selection,
         state: State,
         payloads: list[bytes],
-        respond: Callable[[int, bytes], None],
+        reply: Reply,
         t0: float,
         slo_s: float,
     ) -> None:
@@ -161,7 +176,7 @@ class SelectionRuntime:
         chosen = sel.policy.select(state, self.rng)
         deadline = t0 + slo_s
         q = EnsembleQuery(
-            proc, sel, state, chosen, len(payloads), respond=respond, t0=t0, deadline=deadline
+            proc, sel, state, chosen, len(payloads), reply=reply, t0=t0, deadline=deadline
         )
         for model in chosen:
             version = proc.registry.current.get(model)
@@ -178,20 +193,18 @@ class SelectionRuntime:
                 )
             if submitted:
                 sched.pump()
-        if q.respond is not None:
+        if q.reply is not None:
             q.timer = proc.clock.call_later(
                 max(deadline - app.answer_margin_s - proc.clock.now(), 0.0), q.on_deadline
             )
 
     # -- feedback ----------------------------------------------------------------------------
-    def feedback(
-        self, app: Application, body: bytes, respond: Callable[[int, bytes], None]
-    ) -> None:
+    def feedback(self, app: Application, body: bytes, reply: FeedbackReply) -> None:
         """Validate now (a bad request is answered 400 at once); learn in a task."""
         item, label, uid = parse_feedback(app, body)
         payload = parse_input(app.input_type, item)
         sel = self.selection(app)
-        self.spawn(self._learn(sel, payload, label, uid, respond))
+        self.spawn(self._learn(sel, payload, label, uid, reply))
 
     async def _learn(
         self,
@@ -199,7 +212,7 @@ class SelectionRuntime:
         payload: bytes,
         label: Any,
         uid: str,
-        respond: Callable[[int, bytes], None],
+        reply: FeedbackReply,
     ) -> None:
         proc, app = self.proc, sel.app
         try:
@@ -218,15 +231,11 @@ class SelectionRuntime:
             if missing:  # evicted or never asked: ask the models again
                 outputs.update(await self._ask(app, payload, missing))
             if not outputs:
-                respond(
-                    503,
-                    orjson.dumps(
-                        {
-                            "error": "Service unavailable",
-                            "cause": "no linked model answered for this input, so the feedback "
-                            "cannot be joined with a prediction; retry when replicas are up",
-                        }
-                    ),
+                reply.fail(
+                    NoPrediction(
+                        "no linked model answered for this input, so the feedback "
+                        "cannot be joined with a prediction; retry when replicas are up"
+                    )
                 )
                 return
             sel.policy.observe(state, outputs, label, sel.loss)
@@ -235,9 +244,9 @@ class SelectionRuntime:
                 self.persist(app.name, uid, state)
             if app.online_learning and proc.on_feedback is not None:
                 proc.on_feedback(app, list(outputs), payload, label)
-            respond(200, b"Feedback received? 1")
+            reply.received()
         except ClipperError as e:
-            respond(400, orjson.dumps({"error": "Feedback error", "cause": str(e)}))
+            reply.fail(FeedbackError(str(e)))
 
     async def _ask(
         self, app: Application, payload: bytes, models: list[tuple[str, str]]
@@ -292,7 +301,7 @@ class EnsembleQuery:
         "outputs",
         "proc",
         "remaining",
-        "respond",
+        "reply",
         "sel",
         "state",
         "t0",
@@ -307,7 +316,7 @@ class EnsembleQuery:
         chosen: list[str],
         n: int,
         *,
-        respond: Callable[[int, bytes], None],
+        reply: Reply,
         t0: float,
         deadline: float,
     ) -> None:
@@ -320,7 +329,7 @@ class EnsembleQuery:
         self.outputs: list[dict[str, Any]] = [{} for _ in range(n)]
         self.errors: list[dict[str, BaseException]] = [{} for _ in range(n)]
         self.remaining = n * len(chosen)
-        self.respond: Callable[[int, bytes], None] | None = respond
+        self.reply: Reply | None = reply
         self.t0 = t0
         self.deadline = deadline
         self.timer: TimerHandle | None = None
@@ -332,7 +341,7 @@ class EnsembleQuery:
         return done
 
     def fill(self, i: int, model: str, value: object, err: BaseException | None) -> None:
-        if self.respond is None:
+        if self.reply is None:
             return
         if model in self.outputs[i] or model in self.errors[i]:
             return
@@ -346,20 +355,20 @@ class EnsembleQuery:
 
     def on_deadline(self) -> None:
         self.timer = None
-        if self.respond is not None:
+        if self.reply is not None:
             self.finish()
 
     def finish(self) -> None:
-        respond = self.respond
-        assert respond is not None
-        self.respond = None
+        reply = self.reply
+        assert reply is not None
+        self.reply = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        respond(200, self.proc.render_ensemble(self))
+        reply.answer(self.proc.ensemble_predictions(self))
 
 
-def combine_one(q: EnsembleQuery, i: int) -> dict[str, Any]:
+def combine_one(q: EnsembleQuery, i: int, query_id: int) -> Prediction:
     """The answer for input ``i``: combined outputs, or the default output and why."""
     app, proc = q.app, q.proc
     arrived = q.outputs[i]
@@ -373,37 +382,23 @@ def combine_one(q: EnsembleQuery, i: int) -> dict[str, Any]:
             reason, why = proc.explain(model, err)
         else:
             reason, why = proc.explain("", DeadlineExceeded("no model answered in time"))
-        return _default(app, reason, why, [], 0.0)
+        return Prediction(query_id, app.default_value, reason, why, (), 0.0)
     combined = q.sel.policy.combine(q.state, arrived)
-    used = list(combined.used)
+    used = tuple(combined.used)
     if combined.confidence < app.min_confidence:
-        return _default(
-            app,
-            "low_confidence",
+        why = (
             f"Confidence {combined.confidence:.2f} is below the application's minimum "
-            f"{app.min_confidence:.2f} (models answering: {', '.join(used)})",
+            f"{app.min_confidence:.2f} (models answering: {', '.join(used)})"
+        )
+        return Prediction(
+            query_id,
+            app.default_value,
+            DefaultReason.LOW_CONFIDENCE,
+            why,
             used,
             combined.confidence,
         )
-    return {
-        "output": combined.output,
-        "default": False,
-        "models": used,
-        "confidence": combined.confidence,
-    }
-
-
-def _default(
-    app: Application, reason: str, why: str, used: list[str], confidence: float
-) -> dict[str, Any]:
-    return {
-        "output": app.default_value,
-        "default": True,
-        "default_explanation": why,
-        "models": used,
-        "confidence": confidence,
-        "_reason": reason,
-    }
+    return Prediction(query_id, combined.output, None, "", used, combined.confidence)
 
 
 def parse_feedback(app: Application, body: bytes) -> tuple[Any, Any, str]:

@@ -56,6 +56,7 @@ def _head(status: int, content_type: bytes, length: int, keep_alive: bool) -> by
 
 
 def error_body(err: RequestError) -> bytes:
+    """The Clipper REST error document; every Clipper REST error is rendered here."""
     return orjson.dumps({"error": err.error, "cause": err.cause})
 
 
@@ -211,7 +212,7 @@ class _Connection(asyncio.Protocol):
     def _fail(self, status: int, cause: str) -> None:
         if self.transport is None or self._closed:
             return
-        body = orjson.dumps({"error": "Bad request", "cause": cause})
+        body = error_body(RequestError(cause))  # {"error": "Bad request", "cause": ...}
         self.transport.write(_head(status, JSON, len(body), False) + body)
         self._closed = True
         self.transport.close()

@@ -29,6 +29,7 @@ from clipper.errors import (
 )
 from clipper.frontend.ensemble import EnsembleQuery, SelectionRuntime, combine_one, parse_uid
 from clipper.frontend.metrics import Metrics
+from clipper.frontend.prediction import DefaultReason, FeedbackReply, Prediction, Reply
 from clipper.inputs import parse_input
 from clipper.registry import Application, Registry
 
@@ -43,7 +44,6 @@ __all__ = [
 NO_MODELS = "No connected models found for query"
 SLO_MISSED = "Failed to retrieve a prediction response within the specified latency SLO"
 
-Respond = Callable[[int, bytes], None]
 _UNSET: Any = object()
 
 
@@ -71,7 +71,7 @@ class _Query:
         "payloads",
         "proc",
         "remaining",
-        "respond",
+        "reply",
         "sched",
         "single",
         "t0",
@@ -85,7 +85,7 @@ class _Query:
         app: Application,
         n: int,
         *,
-        respond: Respond,
+        reply: Reply,
         t0: float,
         model: str,
     ) -> None:
@@ -93,10 +93,10 @@ class _Query:
         self.app = app
         self.n = n
         self.outputs: list[Any] = [_UNSET] * n
-        self.defaults: list[str | None] = [None] * n  # None = answered by the model
+        self.defaults: list[DefaultReason | None] = [None] * n  # None: a model answered
         self.explanations: list[str] = [""] * n
         self.remaining = n
-        self.respond: Respond | None = respond
+        self.reply: Reply | None = reply
         self.t0 = t0
         self.timer: TimerHandle | None = None
         self.single = n == 1
@@ -113,7 +113,7 @@ class _Query:
         return done
 
     def fill(self, i: int, value: object, err: BaseException | None) -> None:
-        if self.respond is None or self.remaining == 0:
+        if self.reply is None or self.remaining == 0:
             return  # already answered (deadline) or this slot was already filled
         if err is None:
             self.outputs[i] = value
@@ -124,7 +124,7 @@ class _Query:
                 self.proc.enqueue(self, i)
                 return
             reason, why = self.proc.explain(self.model, err)
-            if reason == "overload" and self.app.overload == "reject":
+            if reason is DefaultReason.OVERLOAD and self.app.overload == "reject":
                 self.reject(str(err))
                 return
             self.set_default(i, reason, why)
@@ -132,37 +132,37 @@ class _Query:
         if self.remaining == 0:
             self.finish()
 
-    def set_default(self, i: int, reason: str, why: str) -> None:
+    def set_default(self, i: int, reason: DefaultReason, why: str) -> None:
         self.outputs[i] = self.app.default_value
         self.defaults[i] = reason
         self.explanations[i] = why
 
     def on_deadline(self) -> None:
         self.timer = None
-        if self.respond is None:
+        if self.reply is None:
             return
         for i in range(self.n):
             if self.outputs[i] is _UNSET:
-                self.set_default(i, "slo", SLO_MISSED)
+                self.set_default(i, DefaultReason.SLO, SLO_MISSED)
         self.remaining = 0
         self.finish()
 
     def reject(self, cause: str) -> None:
-        respond = self.respond
-        assert respond is not None
-        self.respond = None
+        reply = self.reply
+        assert reply is not None
+        self.reply = None
         if self.timer is not None:
             self.timer.cancel()
-        respond(503, orjson.dumps({"error": QueryRejected.error, "cause": cause}))
+        reply.fail(QueryRejected(cause))
 
     def finish(self) -> None:
-        respond = self.respond
-        assert respond is not None
-        self.respond = None
+        reply = self.reply
+        assert reply is not None
+        self.reply = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        respond(200, self.proc.render(self))
+        reply.answer(self.proc.predictions(self))
 
 
 class QueryProcessor:
@@ -190,10 +190,10 @@ class QueryProcessor:
 
     # -- the predict route -------------------------------------------------------------------
     def predict(
-        self, app_name: str, body: bytes, respond: Respond, *, slo_s: float | None = None
+        self, app_name: str, body: bytes, reply: Reply, *, slo_s: float | None = None
     ) -> None:
         """Answer ``POST /{app}/predict``. Raises :class:`RequestError` for bad requests
-        (nothing has been queued then); otherwise ``respond`` is called exactly once."""
+        (nothing has been queued then); otherwise ``reply`` gets the answer exactly once."""
         t0 = self.clock.now()
         app = self.registry.apps.get(app_name)
         if app is None:
@@ -207,7 +207,7 @@ class QueryProcessor:
         bools = b"e" in body
         itype = app.input_type
         payloads = [parse_input(itype, item, may_hold_bools=bools) for item in items]
-        self.predict_payloads(app, payloads, version, uid, respond, t0, slo_s)
+        self.predict_payloads(app, payloads, version, uid, reply, t0, slo_s)
 
     def predict_payloads(  # noqa: PLR0917 (the hot path: no keyword packing)
         self,
@@ -215,7 +215,7 @@ class QueryProcessor:
         payloads: list[bytes],
         version: str | None,
         uid: str,
-        respond: Respond,
+        reply: Reply,
         t0: float,
         slo_s: float | None = None,
     ) -> None:
@@ -227,13 +227,13 @@ class QueryProcessor:
             raise QueryProcessingError(f"Too many models linked to application {app_name}")
         budget = app.slo_s if slo_s is None else min(app.slo_s, slo_s)
         if app.policy != "single" and linked and self.selection is not None:
-            self.selection.predict(app, payloads, uid, respond, t0, budget)
+            self.selection.predict(app, payloads, uid, reply, t0, budget)
             return
         model_name = linked[0] if linked else ""
-        q = _Query(self, app, len(payloads), respond=respond, t0=t0, model=model_name)
+        q = _Query(self, app, len(payloads), reply=reply, t0=t0, model=model_name)
         if not linked:
             for i in range(q.n):
-                q.set_default(i, "no_model", NO_MODELS)
+                q.set_default(i, DefaultReason.NO_MODEL, NO_MODELS)
             q.remaining = 0
             q.finish()
             return
@@ -241,7 +241,7 @@ class QueryProcessor:
             version = self.registry.current.get(model_name)
             if version is None:
                 for i in range(q.n):
-                    q.set_default(i, "no_model", NO_MODELS)
+                    q.set_default(i, DefaultReason.NO_MODEL, NO_MODELS)
                 q.remaining = 0
                 q.finish()
                 return
@@ -253,10 +253,10 @@ class QueryProcessor:
         if sched is None or not sched.replicas:
             mv = self.registry.models[model_name][version]
             if mv.num_replicas == 0 or sched is None:
-                reason, why = "no_model", NO_MODELS
+                reason, why = DefaultReason.NO_MODEL, NO_MODELS
             else:
                 reason, why = (
-                    "no_replica",
+                    DefaultReason.NO_REPLICA,
                     (
                         f"No replica of model {model_name}:{version} is alive "
                         f"({mv.num_replicas} configured); "
@@ -275,11 +275,11 @@ class QueryProcessor:
         submitted = False
         for i in range(q.n):
             submitted |= self.enqueue(q, i)
-            if q.respond is None:
+            if q.reply is None:
                 break  # rejected with 503
         if submitted:
             sched.pump()
-        if q.respond is not None and q.remaining:
+        if q.reply is not None and q.remaining:
             q.timer = self.clock.call_later(
                 max(q.deadline - q.app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
             )
@@ -361,67 +361,60 @@ class QueryProcessor:
         return batch, version, parse_uid(doc.get("uid"))
 
     # -- feedback ----------------------------------------------------------------------------
-    def feedback(self, app_name: str, body: bytes, respond: Respond) -> None:
+    def feedback(self, app_name: str, body: bytes, reply: FeedbackReply) -> None:
         """``POST /{app}/update``: joins the label with the models' predictions for that input
         and updates the application's selection policy (per user with a ``uid``)."""
         app = self.registry.apps.get(app_name)
         if app is None:
             raise NotFoundError(f"no application named '{app_name}'")
         assert self.selection is not None
-        self.selection.feedback(app, body, respond)
+        self.selection.feedback(app, body, reply)
 
     # -- answers -----------------------------------------------------------------------------
-    def explain(self, model: str, err: BaseException) -> tuple[str, str]:
+    def explain(self, model: str, err: BaseException) -> tuple[DefaultReason, str]:
         if isinstance(err, ModelError):
-            return "model_error", f"The model {model} raised an error: {err}"
+            return DefaultReason.MODEL_ERROR, f"The model {model} raised an error: {err}"
         if isinstance(err, OverloadedError):
-            return "overload", f"Query shed under overload: {err}"
+            return DefaultReason.OVERLOAD, f"Query shed under overload: {err}"
         if isinstance(err, DeadlineExceeded):
-            return "slo", SLO_MISSED
+            return DefaultReason.SLO, SLO_MISSED
         if isinstance(err, RegistryError):
-            return "no_model", NO_MODELS
+            return DefaultReason.NO_MODEL, NO_MODELS
         if isinstance(err, ReplicaError):
-            return "no_replica", f"No replica of a chosen model is alive: {err}"
-        return "error", f"{type(err).__name__}: {err}"
+            return DefaultReason.NO_REPLICA, f"No replica of a chosen model is alive: {err}"
+        return DefaultReason.ERROR, f"{type(err).__name__}: {err}"
 
-    def render(self, q: _Query) -> bytes:
+    def predictions(self, q: _Query) -> list[Prediction]:
+        """The answered query as predictions (query ids are given out here, in input order),
+        counted in the application's metrics."""
         app_name = q.app.name
         requests, latency = self._app_counters(app_name)
         requests.inc()
         latency.observe(self.clock.now() - q.t0)
-        preds: list[dict[str, Any]] = []
+        ids = self._query_ids
+        out: list[Prediction] = []
         for i in range(q.n):
-            qid = next(self._query_ids)
             reason = q.defaults[i]
             if reason is None:
-                preds.append({"query_id": qid, "output": q.outputs[i], "default": False})
+                out.append(Prediction(next(ids), q.outputs[i]))
             else:
                 self.metrics.defaults.labels(app=app_name, reason=reason).inc()
-                preds.append(
-                    {
-                        "query_id": qid,
-                        "output": q.outputs[i],
-                        "default": True,
-                        "default_explanation": q.explanations[i],
-                    }
-                )
-        doc: Any = preds[0] if q.single else {"batch_predictions": preds}
-        return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+                out.append(Prediction(next(ids), q.outputs[i], reason, q.explanations[i]))
+        return out
 
-    def render_ensemble(self, q: EnsembleQuery) -> bytes:
+    def ensemble_predictions(self, q: EnsembleQuery) -> list[Prediction]:
+        """The combined answers of a selection-policy query, counted as :meth:`predictions`."""
         app_name = q.app.name
         requests, latency = self._app_counters(app_name)
         requests.inc()
         latency.observe(self.clock.now() - q.t0)
-        preds: list[dict[str, Any]] = []
+        out: list[Prediction] = []
         for i in range(q.n):
-            answer = {"query_id": next(self._query_ids), **combine_one(q, i)}
-            reason = answer.pop("_reason", None)
-            if reason is not None:
-                self.metrics.defaults.labels(app=app_name, reason=reason).inc()
-            preds.append(answer)
-        doc: Any = preds[0] if q.n == 1 else {"batch_predictions": preds}
-        return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+            pred = combine_one(q, i, next(self._query_ids))
+            if pred.reason is not None:
+                self.metrics.defaults.labels(app=app_name, reason=pred.reason).inc()
+            out.append(pred)
+        return out
 
     def _app_counters(self, app: str) -> tuple[Any, Any]:
         m = self._app_metrics.get(app)

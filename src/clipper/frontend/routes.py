@@ -1,21 +1,86 @@
 """The routes of the two HTTP ports: the query API (predict, feedback, metrics, health) and
-the admin API's token check in front of :class:`AdminApi`."""
+the admin API's token check in front of :class:`AdminApi`.
+
+The Clipper REST edge: :func:`encode_predictions` turns the processor's predictions into the
+original ``POST /<app>/predict`` document, and refused queries are rendered by
+:func:`clipper.frontend.http.error_body`, like every other Clipper REST error.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from clipper.errors import NotFoundError
+import orjson
+
+from clipper.errors import NotFoundError, RequestError
 from clipper.frontend import v2
-from clipper.frontend.http import JSON, Respond, json_response
+from clipper.frontend.http import JSON, Respond, error_body, json_response
+from clipper.frontend.prediction import Prediction
 
 if TYPE_CHECKING:
     from clipper.frontend.admin import AdminApi
     from clipper.server import Clipper
 
-__all__ = ["AdminRoutes", "QueryRoutes"]
+__all__ = ["AdminRoutes", "QueryRoutes", "RestReply", "encode_predictions"]
 
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY  # outputs decoded from replicas may be NumPy values
+
+
+def _document(p: Prediction) -> dict[str, Any]:
+    """One prediction as the original's JSON object (key order is part of the document)."""
+    if p.models is None:  # a single-model application
+        if p.reason is None:
+            return {"query_id": p.query_id, "output": p.output, "default": False}
+        return {
+            "query_id": p.query_id,
+            "output": p.output,
+            "default": True,
+            "default_explanation": p.explanation,
+        }
+    if p.reason is None:
+        return {
+            "query_id": p.query_id,
+            "output": p.output,
+            "default": False,
+            "models": p.models,
+            "confidence": p.confidence,
+        }
+    return {
+        "query_id": p.query_id,
+        "output": p.output,
+        "default": True,
+        "default_explanation": p.explanation,
+        "models": p.models,
+        "confidence": p.confidence,
+    }
+
+
+def encode_predictions(predictions: list[Prediction]) -> bytes:
+    """The ``POST /<app>/predict`` answer: one object for one input (``input``, or an
+    ``input_batch`` of one), else ``{"batch_predictions": [...]}``."""
+    if len(predictions) == 1:
+        return orjson.dumps(_document(predictions[0]), option=_NUMPY)
+    return orjson.dumps({"batch_predictions": [_document(p) for p in predictions]}, option=_NUMPY)
+
+
+class RestReply:
+    """A Clipper REST request's :class:`~clipper.frontend.prediction.Reply` (predict) or
+    :class:`~clipper.frontend.prediction.FeedbackReply` (update)."""
+
+    __slots__ = ("respond",)
+
+    def __init__(self, respond: Respond) -> None:
+        self.respond = respond
+
+    def answer(self, predictions: list[Prediction]) -> None:
+        self.respond(200, encode_predictions(predictions), JSON)
+
+    def received(self) -> None:
+        self.respond(200, b"Feedback received? 1", JSON)  # the original's answer, verbatim
+
+    def fail(self, err: RequestError) -> None:
+        self.respond(err.status, error_body(err), JSON)
 
 
 class QueryRoutes:
@@ -31,10 +96,10 @@ class QueryRoutes:
         if method == b"POST":
             app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
             if verb == "predict" and app:
-                self._predict(app, body, respond)
+                self._predict(app, body, RestReply(respond))
                 return
             if verb == "update" and app:
-                self.clipper.processor.feedback(app, body, respond)
+                self.clipper.processor.feedback(app, body, RestReply(respond))
                 return
         if method == b"GET":
             if path == "/metrics":

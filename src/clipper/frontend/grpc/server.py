@@ -1,42 +1,53 @@
 """The Open Inference Protocol (KServe V2) gRPC service, ``inference.GRPCInferenceService``.
 
 It serves what the REST API under ``/v2`` serves (:mod:`clipper.frontend.v2`) and with the
-same meaning, by calling that module's functions: a V2 model is a clipper-serve application,
-``ModelInfer`` is turned into the same infer request the REST path parses and answered by
-:meth:`QueryProcessor.predict` (latency SLO, selection, cache and default output all apply).
-The call awaits a future that the query's respond callback resolves; it never blocks the loop.
+same meaning: a V2 model is a clipper-serve application, and ``ModelInfer`` is parsed into the
+:class:`~clipper.frontend.v2_request.InferRequest` the REST API parses, validated by the same
+code, and answered by :meth:`QueryProcessor.predict_payloads` (latency SLO, selection, cache
+and default output all apply). No JSON on the way: the tensors become the application's
+inputs, and the processor's predictions become the ModelInferResponse (:func:`encode_response`).
+The call awaits a future that the query's reply resolves; it never blocks the loop.
 
 Tensors come in ``contents`` or ``raw_input_contents``; outputs go back as
 ``raw_output_contents`` when the request's inputs were raw, else as ``contents``. Errors are
 gRPC status codes: NOT_FOUND (unknown model, version), INVALID_ARGUMENT (bad tensors),
-UNAVAILABLE (shed under overload), RESOURCE_EXHAUSTED (message too large). See
-docs/v2-protocol.md.
+UNAVAILABLE (shed under overload), RESOURCE_EXHAUSTED (message too large), all rendered
+by :func:`abort`. See docs/v2-protocol.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
-import numpy as np
 import orjson
 
 from clipper.errors import BadInputError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
-from clipper.frontend.http import JSON
+from clipper.frontend.prediction import Prediction
+from clipper.frontend.v2_request import (
+    OUTPUT_NAME,
+    InferRequest,
+    InputTensor,
+    check_outputs,
+    default_explanations,
+    find_app,
+    input_payloads,
+    output_tensor,
+    raw_tensor,
+    resolve_version,
+    timeout_slo,
+)
 
 if TYPE_CHECKING:
     from clipper.registry import Application
     from clipper.server import Clipper
 
-__all__ = ["V2GrpcServer"]
+__all__ = ["V2GrpcServer", "abort", "encode_response", "parse_infer"]
 
-_LEN = struct.Struct("<I")
-_HEADER_LEN = b"inference-header-content-length"
 
 # The InferTensorContents field that carries each datatype.
 _CONTENTS = {
@@ -103,9 +114,28 @@ class V2GrpcServer:
             await server.stop(grace)
 
 
-async def _abort(context: Any, err: RequestError) -> NoReturn:
+async def abort(context: Any, err: RequestError) -> NoReturn:
+    """The gRPC error: every V2 gRPC error is rendered here, as a status code and message."""
     await context.abort(_code(err.status), err.cause)  # raises
     raise AssertionError("unreachable")
+
+
+class _Pending:
+    """A ModelInfer call's :class:`~clipper.frontend.prediction.Reply`: it resolves the
+    future the call awaits (a cancelled call leaves a cancelled future)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[list[Prediction] | RequestError]) -> None:
+        self.future = future
+
+    def answer(self, predictions: list[Prediction]) -> None:
+        if not self.future.done():
+            self.future.set_result(predictions)
+
+    def fail(self, err: RequestError) -> None:
+        if not self.future.done():
+            self.future.set_result(err)
 
 
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -113,30 +143,32 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         self.clipper = clipper
 
     def _app(self, name: str) -> Application:
-        return v2._app(self.clipper, name, self.clipper.registry.apps.get(name))
+        return find_app(self.clipper.registry, name)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return pb.ServerReadyResponse(ready=v2._server_ready(self.clipper))
+        return pb.ServerReadyResponse(ready=v2.server_ready(self.clipper))
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return pb.ServerMetadataResponse(name=v2.SERVER_NAME, version=v2._version(), extensions=[])
+        return pb.ServerMetadataResponse(
+            name=v2.SERVER_NAME, version=v2.server_version(), extensions=[]
+        )
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         try:
             app = self._app(request.name)
         except RequestError as err:
-            await _abort(context, err)
-        ready = v2._model_ready(self.clipper, app, request.version or None)
+            await abort(context, err)
+        ready = v2.model_ready(self.clipper, app, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         try:
             doc = v2.model_metadata(self.clipper, self._app(request.name), request.version or None)
         except RequestError as err:
-            await _abort(context, err)
+            await abort(context, err)
         tensors = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=doc["name"],
@@ -150,7 +182,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             doc = v2.model_config(self.clipper, self._app(request.name), request.version or None)
         except RequestError as err:
-            await _abort(context, err)
+            await abort(context, err)
         config = pb.ModelConfig(
             name=doc["name"],
             platform=doc["platform"],
@@ -164,94 +196,79 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[int, bytes]] = loop.create_future()
-
-        def respond(status: int, data: bytes, content_type: bytes = JSON, /) -> None:
-            if not done.done():  # a cancelled call leaves a cancelled future
-                done.set_result((status, data))
-
-        raw = len(request.raw_input_contents) > 0
+        clipper = self.clipper
+        done: asyncio.Future[list[Prediction] | RequestError] = (
+            asyncio.get_running_loop().create_future()
+        )
         try:
             app = self._app(request.model_name)
-            headers, body = _as_rest(request)
-            v2._infer(self.clipper, app, request.model_version or None, headers, body, respond)
+            infer = parse_infer(request)
+            payloads = input_payloads(app, infer.inputs)
+            version = request.model_version or None
+            model_version = resolve_version(clipper.registry, app, version)
+            processor = clipper.processor
+            processor.predict_payloads(
+                app, payloads, version, "", _Pending(done), processor.clock.now(), infer.slo_s
+            )
         except RequestError as err:
-            await _abort(context, err)
-        status, data = await done
-        if status != 200:
-            cause = orjson.loads(v2._as_v2_error(data))["error"]
-            await context.abort(_code(status), cause)
-        return _as_response(orjson.loads(data), raw=raw)
+            await abort(context, err)
+        result = await done
+        if isinstance(result, RequestError):
+            await abort(context, result)
+        return encode_response(app.name, model_version, infer, result)
 
 
-def _as_rest(request: Any) -> tuple[dict[bytes, bytes], bytes]:
-    """The ModelInferRequest as the REST infer request :func:`v2._infer` parses: headers and
-    body (a JSON header, then binary tensor data for raw inputs)."""
-    raw = list(request.raw_input_contents)
+def parse_infer(request: Any) -> InferRequest:
+    """A ModelInferRequest as the :class:`InferRequest` the REST API parses too. Inputs in
+    ``raw_input_contents`` are answered in ``raw_output_contents``, else in ``contents``."""
+    raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise BadInputError(
             f"got {len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one "
             "per input, or none and tensor contents"
         )
-    inputs = []
-    binary = b""
+    inputs: list[InputTensor] = []
     for i, t in enumerate(request.inputs):
-        tensor: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        shape = list(t.shape)
         if raw:
-            tensor["parameters"] = {"binary_data_size": len(raw[i])}
-            binary += raw[i]
-        elif t.datatype == "BYTES":
-            # BYTES contents travel as binary data: JSON cannot carry arbitrary bytes.
-            elems = list(t.contents.bytes_contents)
-            blob = b"".join(_LEN.pack(len(e)) + e for e in elems)
-            tensor["parameters"] = {"binary_data_size": len(blob)}
-            binary += blob
-        else:
-            field = _CONTENTS.get(t.datatype)
-            if field is None:
-                raise BadInputError(
-                    f"input '{t.name}': datatype {t.datatype!r} has no tensor contents field; "
-                    "send it in raw_input_contents"
-                )
-            tensor["data"] = list(getattr(t.contents, field))
-        inputs.append(tensor)
-    doc: dict[str, Any] = {"inputs": inputs}
-    if request.id:
-        doc["id"] = request.id
-    if request.outputs:
-        doc["outputs"] = [{"name": o.name} for o in request.outputs]
-    header = orjson.dumps(doc)
-    if not binary:
-        return {}, header
-    return {_HEADER_LEN: str(len(header)).encode()}, header + binary
+            inputs.append(InputTensor(t.name, t.datatype, shape, raw=raw[i]))
+            continue
+        field = _CONTENTS.get(t.datatype)
+        if field is None:
+            raise BadInputError(
+                f"input '{t.name}': datatype {t.datatype!r} has no tensor contents field; "
+                "send it in raw_input_contents"
+            )
+        # BYTES contents are bytes elements: input_payloads takes them as binary data's.
+        inputs.append(InputTensor(t.name, t.datatype, shape, list(getattr(t.contents, field))))
+    check_outputs([o.name for o in request.outputs])
+    timeout = request.parameters.get("timeout")
+    slo_s = None
+    if timeout is not None:
+        kind = timeout.WhichOneof("parameter_choice")
+        slo_s = timeout_slo(getattr(timeout, kind) if kind is not None else None)
+    return InferRequest(inputs, request.id or None, binary_output=bool(raw), slo_s=slo_s)
 
 
-def _as_response(doc: dict[str, Any], *, raw: bool) -> Any:
-    """The REST infer response as a ModelInferResponse."""
-    response = pb.ModelInferResponse(
-        model_name=doc["model_name"], model_version=doc.get("model_version") or ""
-    )
-    if "id" in doc:
-        response.id = doc["id"]
-    params = doc.get("parameters") or {}
-    if params.get("default"):
+def encode_response(
+    model: str, version: str, request: InferRequest, predictions: list[Prediction]
+) -> Any:
+    """The predictions as a ModelInferResponse: the output tensor in raw_output_contents when
+    the request's inputs were raw, else in its contents."""
+    response = pb.ModelInferResponse(model_name=model, model_version=version)
+    if request.id is not None:
+        response.id = request.id
+    why = default_explanations(predictions)
+    if why is not None:
         response.parameters["default"].bool_param = True
-        response.parameters["default_explanations"].string_param = orjson.dumps(
-            params.get("default_explanations")
-        ).decode()
-    for out in doc["outputs"]:
-        datatype, data = out["datatype"], out["data"]
-        tensor = response.outputs.add(name=out["name"], datatype=datatype, shape=out["shape"])
-        if datatype == "BYTES":
-            elems = [e.encode() if isinstance(e, str) else e for e in data]
-            if raw:
-                response.raw_output_contents.append(b"".join(_LEN.pack(len(e)) + e for e in elems))
-            else:
-                tensor.contents.bytes_contents.extend(elems)
-        elif raw:
-            blob = np.asarray(data, dtype=v2._NP_DTYPES[datatype]).tobytes()
-            response.raw_output_contents.append(blob)
-        else:
-            getattr(tensor.contents, _CONTENTS[datatype]).extend(data)
+        # A parameter holds one scalar: the list travels as its JSON text.
+        response.parameters["default_explanations"].string_param = orjson.dumps(why).decode()
+    datatype, shape, flat = output_tensor([p.output for p in predictions])
+    tensor = response.outputs.add(name=OUTPUT_NAME, datatype=datatype, shape=shape)
+    if request.binary_output:
+        response.raw_output_contents.append(raw_tensor(datatype, flat))
+    elif datatype == "BYTES":
+        tensor.contents.bytes_contents.extend([e.encode() for e in flat])
+    else:
+        getattr(tensor.contents, _CONTENTS[datatype]).extend(flat)
     return response

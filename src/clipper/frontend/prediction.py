@@ -1,0 +1,73 @@
+"""The typed answer of a query, before any protocol has encoded it.
+
+The query processor produces one :class:`Prediction` per input and hands the list to the
+request's :class:`Reply`; each protocol (Clipper REST, V2 REST, V2 gRPC) encodes it once, at
+its own edge, and renders a refused query (a :class:`RequestError`) in its own error form.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from clipper.errors import RequestError
+
+__all__ = ["DefaultReason", "FeedbackReply", "Prediction", "Reply"]
+
+
+class DefaultReason(enum.StrEnum):
+    """Why the application's default output answered an input (the ``reason`` label of the
+    ``defaults`` metric: the values are the label values)."""
+
+    NO_MODEL = "no_model"
+    NO_REPLICA = "no_replica"
+    SLO = "slo"
+    OVERLOAD = "overload"
+    MODEL_ERROR = "model_error"
+    LOW_CONFIDENCE = "low_confidence"
+    ERROR = "error"
+
+
+# Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, about
+# 7x the cost of a plain one, once per query on the hot path. Nothing mutates a Prediction.
+@dataclass(slots=True)
+class Prediction:
+    """One input's answer (never changed once made).
+
+    ``reason`` is None when a model answered; otherwise ``output`` is the application's
+    default and ``explanation`` says why in words. ``models`` is None for a single-model
+    application; for a selection policy it names the models whose outputs were combined,
+    with the policy's ``confidence``.
+    """
+
+    query_id: int
+    output: Any
+    reason: DefaultReason | None = None
+    explanation: str = ""
+    models: tuple[str, ...] | None = None
+    confidence: float = 0.0
+
+    @property
+    def is_default(self) -> bool:
+        return self.reason is not None
+
+
+class Reply(Protocol):
+    """Where one request's answer goes: exactly one of the two is called, once."""
+
+    def answer(self, predictions: list[Prediction]) -> None:
+        """The predictions, one per input, in input order."""
+
+    def fail(self, err: RequestError) -> None:
+        """The query was refused after it was accepted (503 under overload)."""
+
+
+class FeedbackReply(Protocol):
+    """Where one feedback request's outcome goes: exactly one of the two is called, once."""
+
+    def received(self) -> None:
+        """The label was joined with the models' predictions and learned from."""
+
+    def fail(self, err: RequestError) -> None:
+        """The feedback could not be learned from."""
