@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from clipper.choices import CACHE_POLICIES, CONTROLLERS, CachePolicy, Controller
 from clipper.errors import ConfigError
 
-__all__ = ["BatchingConfig", "FrontendConfig"]
+__all__ = ["BatchingConfig", "Controller", "FrontendConfig"]
 
-Controller = Literal["aimd", "quantile", "fixed"]
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -35,10 +35,7 @@ class BatchingConfig:
     params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.controller not in ("aimd", "quantile", "fixed"):
-            raise ConfigError(
-                f"unknown batching controller {self.controller!r}; expected aimd, quantile or fixed"
-            )
+        CONTROLLERS.check(self.controller)
         if self.controller == "fixed" and self.max_batch_size is None:
             raise ConfigError("the fixed controller needs max_batch_size (an integer >= 1)")
         if self.max_batch_size is not None and self.max_batch_size < 1:
@@ -73,7 +70,7 @@ class FrontendConfig:
     rpc_port: int = 7000
     max_body_bytes: int = 10 * 2**20
     cache_bytes: int = 32 * 2**20
-    cache_policy: Literal["clock", "lru"] = "clock"
+    cache_policy: CachePolicy = "clock"
     queue_capacity: int = 50_000
     # Our containers heartbeat every heartbeat_interval_s even while predicting; the original
     # rpc.py only heartbeats when idle every 5 s, so it gets the original's 30 s.
@@ -114,8 +111,7 @@ class FrontendConfig:
             raise ConfigError(f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
-        if self.cache_policy not in ("clock", "lru"):
-            raise ConfigError(f"cache_policy must be clock or lru, got {self.cache_policy!r}")
+        CACHE_POLICIES.check(self.cache_policy)
         if self.queue_capacity < 1:
             raise ConfigError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
         if self.replica_timeout_s <= self.heartbeat_interval_s:
