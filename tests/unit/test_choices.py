@@ -120,6 +120,7 @@ def test_the_cli_choices_come_from_the_tables() -> None:
         ("app register --policy", POLICIES),
         ("app update --loss", LOSSES),
         ("model deploy --controller", CONTROLLERS),
+        ("start --cache-policy", CACHE_POLICIES),
     ):
         action = actions[option]
         assert tuple(action.choices or ()) == table.names, option
