@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from clipper.errors import ConfigError
@@ -36,31 +35,42 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+# Plain classes, not dataclasses: a container imports this module (through clipper.inputs), and
+# building two dataclasses would more than double its import time.
 class Option:
     """One option: its help line and, when it builds something, where that lives."""
 
-    help: str
-    ref: str = ""
-    """``"package.module:attribute[.attribute]"``; empty when the name itself is the value."""
+    __slots__ = ("help", "ref")
+
+    def __init__(self, help: str, ref: str = "") -> None:
+        self.help = help
+        self.ref = ref
+        """``"package.module:attribute[.attribute]"``; empty when the name itself is the value."""
+
+    def __repr__(self) -> str:
+        return f"Option({self.help!r}, {self.ref!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class Choice:
-    """A named choice: ``what`` it is (for messages) and its options, in display order."""
+    """A named choice: ``what`` it is (for messages) and its options, in display order.
 
-    what: str
-    literal: Any
-    """The ``Literal[...]`` type of the names; checked against ``options`` when built."""
-    options: Mapping[str, Option]
-    _loaded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    ``literal`` is the ``Literal[...]`` type of the names; it must list exactly the options.
+    """
 
-    def __post_init__(self) -> None:
-        if get_args(self.literal) != tuple(self.options):
+    __slots__ = ("_loaded", "literal", "options", "what")
+
+    def __init__(self, what: str, literal: Any, options: Mapping[str, Option]) -> None:
+        if get_args(literal) != tuple(options):
             raise TypeError(
-                f"the {self.what} Literal {get_args(self.literal)} differs from its table "
-                f"{tuple(self.options)}"
+                f"the {what} Literal {get_args(literal)} differs from its table {tuple(options)}"
             )
+        self.what = what
+        self.literal = literal
+        self.options = options
+        self._loaded: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"Choice({self.what!r}, {list(self.options)!r})"
 
     @property
     def names(self) -> tuple[str, ...]:
