@@ -75,22 +75,28 @@ def _converter(hint: Any) -> tuple[Callable[[str], Any] | None, tuple[str, ...] 
         return lambda text: Path(text).expanduser(), None
     if hint in (int, float, str):
         return typing.cast("Callable[[str], Any]", hint), None
-    return None, None  # bool and others: see add_config_options
+    return None, None  # bool: a --flag/--no-flag pair; other types get the text as given
 
 
 def add_config_options(parser: argparse.ArgumentParser, config: type[Any]) -> None:
     """One ``--flag`` per field of the dataclass ``config`` (``query_port`` is ``--query-port``;
     :func:`_env_defaults` adds CLIPPER_QUERY_PORT), typed from its annotation, with the
-    help and command-line default of its :func:`~clipper.config.setting` metadata.
+    help and command-line default of its :func:`~clipper.config.cli` metadata.
 
     Generated rather than written out so a new field has its flag and variable at once."""
     hints = typing.get_type_hints(config)
     for f in dataclasses.fields(config):
         meta = f.metadata
         cli_default = meta.get("cli_default", SAME)
-        default = f.default if cli_default is SAME else cli_default
-        if callable(default):
-            default = default()
+        required = False
+        if cli_default is not SAME:
+            default = cli_default() if callable(cli_default) else cli_default
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:  # a field without a default is a required option
+            default, required = None, True
         choice: Choice | None = meta.get("choice")
         text = meta.get("help", "")
         if choice is not None:
@@ -102,7 +108,7 @@ def add_config_options(parser: argparse.ArgumentParser, config: type[Any]) -> No
         if hint is bool:
             parser.add_argument(
                 _flag(f.name), action=argparse.BooleanOptionalAction, default=default,
-                help=text,
+                required=required, help=text,
             )  # fmt: skip
             continue
         convert, choices = _converter(hint)
@@ -112,8 +118,8 @@ def add_config_options(parser: argparse.ArgumentParser, config: type[Any]) -> No
         if choices is None:
             kwargs["metavar"] = f.name.upper()
         parser.add_argument(
-            _flag(f.name), choices=choices, default=default, help=text, dest=f.name,
-            **kwargs,
+            _flag(f.name), choices=choices, default=default, required=required, help=text,
+            dest=f.name, **kwargs,
         )  # fmt: skip
 
 

@@ -112,3 +112,21 @@ def test_a_new_field_gets_its_flag_and_variable_with_no_cli_change(
     assert build([]) == Grown(manager="docker://", verbose=True)
     with pytest.raises(SystemExit):
         build(["--mode", "c"])
+
+
+def test_a_field_without_a_default_is_a_required_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Needs:
+        name: str
+        tags: list[str] = dataclasses.field(default_factory=list)
+
+    parser = argparse.ArgumentParser()
+    add_config_options(parser, Needs)
+    with pytest.raises(SystemExit):
+        parser.parse_args([])
+    assert config_from_args(parser.parse_args(["--name", "n"]), Needs) == Needs("n")
+    monkeypatch.setenv("CLIPPER_NAME", "from-env")
+    parser = argparse.ArgumentParser()
+    add_config_options(parser, Needs)
+    _env_defaults(parser)
+    assert config_from_args(parser.parse_args([]), Needs).name == "from-env"
