@@ -17,8 +17,8 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
+from clipper.choices import CACHE_POLICIES, CachePolicy
 from clipper.errors import ConfigError
 
 __all__ = ["CacheKey", "CacheStats", "Lookup", "PredictionCache", "Waiter"]
@@ -76,13 +76,10 @@ class PredictionCache:
         "_pending",
     )
 
-    def __init__(
-        self, max_bytes: int = 32 * 2**20, policy: Literal["clock", "lru"] = "clock"
-    ) -> None:
+    def __init__(self, max_bytes: int = 32 * 2**20, policy: CachePolicy = "clock") -> None:
         if max_bytes < 0:
             raise ConfigError(f"cache max_bytes must be >= 0, got {max_bytes}")
-        if policy not in ("clock", "lru"):
-            raise ConfigError(f"unknown cache policy {policy!r}; expected 'clock' or 'lru'")
+        CACHE_POLICIES.check(policy)
         self._max_bytes = max_bytes
         self._lru = policy == "lru"
         # Completed entries in ring order: for CLOCK the front is where the hand points, for

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from clipper.choices import Choice
 from clipper.commands import add_commands, run_command
-from clipper.config import FrontendConfig
+from clipper.config import SAME, FrontendConfig
 from clipper.errors import ClipperError
 
-__all__ = ["main"]
+__all__ = ["add_config_options", "config_from_args", "main"]
+
+T = TypeVar("T")
 
 
 def _env(name: str, default: Any) -> Any:
@@ -26,74 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("start", help="run a frontend with the local container manager")
-    s.add_argument(
-        "--host", default=_env("HOST", "127.0.0.1"), help="query API address [CLIPPER_HOST]"
-    )
-    s.add_argument(
-        "--query-port", type=int, default=int(_env("QUERY_PORT", 1337)), help="[CLIPPER_QUERY_PORT]"
-    )
-    s.add_argument(
-        "--rpc-host",
-        default=_env("RPC_HOST", "127.0.0.1"),
-        help="container RPC address [CLIPPER_RPC_HOST]",
-    )
-    s.add_argument(
-        "--rpc-port", type=int, default=int(_env("RPC_PORT", 7000)), help="[CLIPPER_RPC_PORT]"
-    )
-    s.add_argument(
-        "--admin-host",
-        default=_env("ADMIN_HOST", "127.0.0.1"),
-        help="admin API address; beyond loopback it needs --admin-token [CLIPPER_ADMIN_HOST]",
-    )
-    s.add_argument(
-        "--admin-port", type=int, default=int(_env("ADMIN_PORT", 1338)), help="[CLIPPER_ADMIN_PORT]"
-    )
-    s.add_argument(
-        "--grpc-port",
-        type=int,
-        default=int(_env("GRPC_PORT", 8001)),
-        help="Open Inference Protocol gRPC port; -1 turns it off [CLIPPER_GRPC_PORT]",
-    )
-    s.add_argument(
-        "--admin-token",
-        default=_env("ADMIN_TOKEN", None),
-        help="bearer token the admin API requires [CLIPPER_ADMIN_TOKEN]",
-    )
-    s.add_argument(
-        "--state-dir",
-        default=_env("STATE_DIR", str(Path.home() / ".clipper")),
-        help="models, logs and the sqlite store (default: ~/.clipper) [CLIPPER_STATE_DIR]",
-    )
-    s.add_argument(
-        "--store",
-        default=_env("STORE", None),
-        help="config store: sqlite:///PATH (default: in the state directory), "
-        "redis://HOST:PORT/DB (shared by several frontends) or memory:// [CLIPPER_STORE]",
-    )
-    s.add_argument(
-        "--cache-bytes",
-        type=int,
-        default=int(_env("CACHE_BYTES", 32 * 2**20)),
-        help="prediction cache size; 0 disables storing [CLIPPER_CACHE_BYTES]",
-    )
-    s.add_argument(
-        "--cache-policy",
-        choices=("clock", "lru"),
-        default=_env("CACHE_POLICY", "clock"),
-        help="[CLIPPER_CACHE_POLICY]",
-    )
-    s.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=int(_env("MAX_BODY_BYTES", 10 * 2**20)),
-        help="larger request bodies get 413 [CLIPPER_MAX_BODY_BYTES]",
-    )
-    s.add_argument(
-        "--queue-capacity",
-        type=int,
-        default=int(_env("QUEUE_CAPACITY", 50_000)),
-        help="per model version [CLIPPER_QUEUE_CAPACITY]",
-    )
+    add_config_options(s, FrontendConfig)
     s.add_argument(
         "--demo",
         action="store_true",
@@ -103,7 +41,92 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[CLIPPER_LOG_LEVEL]")
 
     add_commands(sub, _env)
-    return p  # fmt: skip
+    return p
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _optional(convert: Callable[[str], Any], negative_is_none: bool) -> Callable[[str], Any]:
+    """Parse ``X | None``: "none"/"off"/"" is None, and so is a negative number for an optional
+    int (``--grpc-port -1`` turns the service off)."""
+
+    def parse(text: str) -> Any:
+        if text.strip().lower() in ("", "none", "off"):
+            return None
+        value = convert(text)
+        return None if negative_is_none and value < 0 else value
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names it in errors
+    return parse
+
+
+def _converter(hint: Any) -> tuple[Callable[[str], Any] | None, tuple[str, ...] | None]:
+    """The argparse ``type`` and ``choices`` for a field's type."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Literal:
+        return str, tuple(args)
+    if type(None) in args:  # X | None
+        (inner,) = [a for a in args if a is not type(None)]
+        convert, choices = _converter(inner)
+        return _optional(convert or str, inner is int), choices
+    if hint is Path:
+        return lambda text: Path(text).expanduser(), None
+    if hint in (int, float, str):
+        return typing.cast("Callable[[str], Any]", hint), None
+    return None, None  # bool: a --flag/--no-flag pair; other types get the text as given
+
+
+def add_config_options(parser: argparse.ArgumentParser, config: type[Any]) -> None:
+    """One ``--flag`` per field of the dataclass ``config`` (``query_port`` is ``--query-port``;
+    :func:`_env_defaults` adds CLIPPER_QUERY_PORT), typed from its annotation, with the
+    help and command-line default of its :func:`~clipper.config.cli` metadata.
+
+    Generated rather than written out so a new field has its flag and variable at once."""
+    hints = typing.get_type_hints(config)
+    for f in dataclasses.fields(config):
+        meta = f.metadata
+        cli_default = meta.get("cli_default", SAME)
+        required = False
+        if cli_default is not SAME:
+            default = cli_default() if callable(cli_default) else cli_default
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:  # a field without a default is a required option
+            default, required = None, True
+        choice: Choice | None = meta.get("choice")
+        text = meta.get("help", "")
+        if choice is not None:
+            text = f"{text}: {choice.help()}" if text else choice.help()
+        text = text or f.name.replace("_", " ")
+        if default is not None and not isinstance(default, bool):
+            text = f"{text} (default: {default})"
+        hint = hints[f.name]
+        if hint is bool:
+            parser.add_argument(
+                _flag(f.name), action=argparse.BooleanOptionalAction, default=default,
+                required=required, help=text,
+            )  # fmt: skip
+            continue
+        convert, choices = _converter(hint)
+        if choice is not None:
+            choices = choice.names
+        kwargs: dict[str, Any] = {"type": convert} if convert is not None else {}
+        if choices is None:
+            kwargs["metavar"] = f.name.upper()
+        parser.add_argument(
+            _flag(f.name), choices=choices, default=default, required=required, help=text,
+            dest=f.name, **kwargs,
+        )  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace, config: type[T]) -> T:
+    """The ``config`` dataclass built from the options :func:`add_config_options` added."""
+    names = [f.name for f in dataclasses.fields(config)]  # type: ignore[arg-type]
+    return config(**{n: getattr(args, n) for n in names})
 
 
 def _env_defaults(parser: argparse.ArgumentParser) -> None:
@@ -123,7 +146,7 @@ def _env_defaults(parser: argparse.ArgumentParser) -> None:
         value = os.environ.get(var)
         if value is None:
             continue
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, argparse._StoreTrueAction | argparse.BooleanOptionalAction):
             action.default = value.lower() in ("1", "true", "yes", "on")
         else:
             action.default = value  # argparse applies the option's type to string defaults
@@ -143,23 +166,11 @@ def _start(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # The one default that depends on another option: the store lives in the state directory.
+    if args.store is None:
+        args.store = f"sqlite:///{args.state_dir}"
     try:
-        config = FrontendConfig(
-            host=args.host,
-            query_port=args.query_port,
-            rpc_host=args.rpc_host,
-            rpc_port=args.rpc_port,
-            admin_host=args.admin_host,
-            admin_port=args.admin_port,
-            admin_token=args.admin_token,
-            grpc_port=None if args.grpc_port < 0 else args.grpc_port,
-            state_dir=Path(args.state_dir).expanduser(),
-            store=args.store or f"sqlite:///{Path(args.state_dir).expanduser()}",
-            cache_bytes=args.cache_bytes,
-            cache_policy=args.cache_policy,
-            max_body_bytes=args.max_body_bytes,
-            queue_capacity=args.queue_capacity,
-        )
+        config = config_from_args(args, FrontendConfig)
     except ClipperError as e:
         print(f"clipper: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from clipper.choices import CONTROLLERS, INPUT_TYPES, LOSSES, OVERLOAD, POLICIES
 from clipper.client import Client
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
@@ -48,9 +49,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     app = sub.add_parser("app", help="applications").add_subparsers(dest="action", required=True)
     a = app.add_parser("register", parents=[common], help="register an application")
     a.add_argument("name")
-    a.add_argument(
-        "--input-type", required=True, help="doubles, floats, integers, strings, bytes or json"
-    )
+    a.add_argument("--input-type", required=True, help=INPUT_TYPES.help())
     a.add_argument(
         "--default-output",
         default="null",
@@ -58,7 +57,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     )
     a.add_argument("--slo-micros", type=int, default=100_000, help="latency objective")
     a.add_argument("--no-cache", action="store_true")
-    a.add_argument("--overload", choices=("default", "reject"), default="default")
+    a.add_argument("--overload", choices=OVERLOAD.names, default="default", help=OVERLOAD.help())
     _selection_options(a)
     a = app.add_parser(
         "update",
@@ -69,7 +68,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     a.add_argument("--slo-micros", type=int)
     a.add_argument("--default-output")
     a.add_argument("--cache", choices=("on", "off"))
-    a.add_argument("--overload", choices=("default", "reject"))
+    a.add_argument("--overload", choices=OVERLOAD.names, help=OVERLOAD.help())
     _selection_options(a)
     a = app.add_parser(
         "delete", parents=[common], help="delete an application (its routes and links too)"
@@ -90,12 +89,14 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     )
     m.add_argument("--name", required=True)
     m.add_argument("--version", required=True)
-    m.add_argument("--input-type", required=True)
+    m.add_argument("--input-type", required=True, help=INPUT_TYPES.help())
     m.add_argument("--replicas", type=int, default=1)
     m.add_argument(
         "--framework", help="force the framework (sklearn, torch, onnx, xgboost, lightgbm, python)"
     )
-    m.add_argument("--controller", choices=("aimd", "quantile", "fixed"), default="aimd")
+    m.add_argument(
+        "--controller", choices=CONTROLLERS.names, default="aimd", help=CONTROLLERS.help()
+    )
     m.add_argument("--max-batch-size", type=int)
     m.add_argument("--max-wait-micros", type=int, default=1000)
     m = model.add_parser("scale", parents=[common], help="set the number of replicas")
@@ -134,12 +135,10 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
 
 
 def _selection_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--policy", help="single, exp3, exp4, epsilon_greedy, ucb1, thompson or ab_split"
-    )
+    p.add_argument("--policy", choices=POLICIES.names, help=POLICIES.help())
     p.add_argument("--policy-params", help="JSON object, e.g. '{\"eta\": 0.1}'")
     p.add_argument("--min-confidence", type=float, help="below it, answer the default output")
-    p.add_argument("--loss", choices=("0/1", "squared", "absolute"))
+    p.add_argument("--loss", choices=LOSSES.names, help=LOSSES.help())
     p.add_argument("--loss-scale", type=float)
     p.add_argument("--online-learning", choices=("on", "off"))
 

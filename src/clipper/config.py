@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final
 
+from clipper.choices import (
+    CACHE_POLICIES,
+    CONTROLLERS,
+    MANAGERS,
+    STORES,
+    CachePolicy,
+    Choice,
+    Controller,
+)
 from clipper.errors import ConfigError
 
-__all__ = ["BatchingConfig", "FrontendConfig"]
+__all__ = ["SAME", "BatchingConfig", "Controller", "FrontendConfig", "cli"]
 
-Controller = Literal["aimd", "quantile", "fixed"]
+SAME: Final[object] = object()
+"""The :func:`cli` ``default`` of a field whose command-line default is its embedded default."""
+
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -35,10 +46,7 @@ class BatchingConfig:
     params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.controller not in ("aimd", "quantile", "fixed"):
-            raise ConfigError(
-                f"unknown batching controller {self.controller!r}; expected aimd, quantile or fixed"
-            )
+        CONTROLLERS.check(self.controller)
         if self.controller == "fixed" and self.max_batch_size is None:
             raise ConfigError("the fixed controller needs max_batch_size (an integer >= 1)")
         if self.max_batch_size is not None and self.max_batch_size < 1:
@@ -63,45 +71,99 @@ class BatchingConfig:
         }
 
 
+def cli(help: str = "", *, default: object = SAME, choice: Choice | None = None) -> dict[str, Any]:
+    """The metadata of a :class:`FrontendConfig` field for its ``clipper start`` flag.
+
+    ``help`` is the flag's help line; ``default`` replaces the field's default on the command line
+    (a callable is called when the parser is built; ``None`` where the command derives the value);
+    ``choice`` gives the options and their help for a ``Literal`` field.
+    """
+    return {"help": help, "cli_default": default, "choice": choice}
+
+
+def _home_state_dir() -> str:
+    return str(Path.home() / ".clipper")
+
+
 @dataclass(frozen=True, slots=True)
 class FrontendConfig:
-    """The frontend process: ports, limits, cache, liveness."""
+    """The frontend process: ports, limits, cache, liveness.
 
-    host: str = "127.0.0.1"
-    query_port: int = 1337
-    rpc_host: str = "127.0.0.1"
-    rpc_port: int = 7000
-    max_body_bytes: int = 10 * 2**20
-    cache_bytes: int = 32 * 2**20
-    cache_policy: Literal["clock", "lru"] = "clock"
-    queue_capacity: int = 50_000
+    ``clipper start`` has a ``--flag`` and a ``CLIPPER_*`` variable for every field, generated
+    from the fields (see :func:`clipper.cli.add_config_options`): a new field needs no CLI code;
+    its help line (optional) goes in :func:`cli` metadata.
+    """
+
+    host: str = field(default="127.0.0.1", metadata=cli("query API address"))
+    query_port: int = field(default=1337, metadata=cli("query API port"))
+    rpc_host: str = field(default="127.0.0.1", metadata=cli("container RPC address"))
+    rpc_port: int = field(default=7000, metadata=cli("container RPC port"))
+    max_body_bytes: int = field(default=10 * 2**20, metadata=cli("larger request bodies get 413"))
+    cache_bytes: int = field(
+        default=32 * 2**20, metadata=cli("prediction cache size; 0 disables storing")
+    )
+    cache_policy: CachePolicy = field(default="clock", metadata=cli(choice=CACHE_POLICIES))
+    queue_capacity: int = field(default=50_000, metadata=cli("queued queries per model version"))
     # Our containers heartbeat every heartbeat_interval_s even while predicting; the original
     # rpc.py only heartbeats when idle every 5 s, so it gets the original's 30 s.
-    heartbeat_interval_s: float = 0.5
-    replica_timeout_s: float = 3.0
-    v3_replica_timeout_s: float = 30.0
-    state_dir: Path | None = None
+    heartbeat_interval_s: float = field(
+        default=0.5, metadata=cli("seconds between heartbeats to containers")
+    )
+    replica_timeout_s: float = field(
+        default=3.0, metadata=cli("seconds of silence after which a replica is gone")
+    )
+    v3_replica_timeout_s: float = field(
+        default=30.0,
+        metadata=cli("the same for original (v3) containers, which heartbeat only when idle"),
+    )
+    state_dir: Path | None = field(
+        default=None, metadata=cli("models, logs and the sqlite store", default=_home_state_dir)
+    )
     # Where applications, models, links and replica counts live: "memory://" (gone with the
     # process), "sqlite:///dir-or-file" (the CLI's default, in the state directory) or
     # "redis://host:port/db" (shared by several frontends).
-    store: str = "memory://"
-    # Who runs model replicas: "local://" (child processes of this frontend) or "external://"
-    # (started by someone else; they dial in to the RPC port).
-    manager: str = "local://"
-    # This frontend's identity in the store (which unfinished version changes are its own to
-    # roll back at start-up); by default made once and kept in the state directory.
-    node_id: str | None = None
-    python: str | None = None
+    store: str = field(
+        default="memory://",
+        metadata=cli(
+            f"config store (default: sqlite in the state directory): {STORES.help()}",
+            default=None,
+        ),
+    )
+    # Who runs model replicas (managers/base.py MANAGERS): child processes of this frontend,
+    # or containers started by someone else that dial in to the RPC port.
+    manager: str = field(
+        default="local://",
+        metadata=cli(f"container manager: {MANAGERS.help()}"),
+    )
+    # This frontend's identity in the store: which unfinished version changes are its own to
+    # roll back at start-up. By default made once and kept in the state directory.
+    node_id: str | None = field(
+        default=None,
+        metadata=cli("this frontend's id in a shared store (default: kept in the state dir)"),
+    )
+    python: str | None = field(
+        default=None, metadata=cli("interpreter that runs model containers (default: ours)")
+    )
     # Containers run this much below the frontend's CPU priority: when models and the frontend
     # compete for cores, the event loop that keeps every deadline gets them first.
-    container_nice: int = 5
+    container_nice: int = field(
+        default=5, metadata=cli("containers run this much nicer than the frontend")
+    )
     # The admin API changes what is served: loopback only, unless a bearer token guards it.
-    admin_host: str = "127.0.0.1"
-    admin_port: int = 1338
-    admin_token: str | None = None
+    admin_host: str = field(
+        default="127.0.0.1",
+        metadata=cli("admin API address; beyond loopback it needs --admin-token"),
+    )
+    admin_port: int = field(default=1338, metadata=cli("admin API port"))
+    admin_token: str | None = field(
+        default=None, metadata=cli("bearer token the admin API requires")
+    )
     # The Open Inference Protocol's gRPC service; None = off (the embedded default, so tests and
     # notebooks bind nothing extra; `clipper start` serves it on 8001).
-    grpc_port: int | None = None
+    grpc_port: int | None = field(
+        default=None,
+        metadata=cli("Open Inference Protocol gRPC port; -1 turns it off", default=8001),
+    )
 
     def __post_init__(self) -> None:
         if self.admin_host not in _LOOPBACK and not self.admin_token:
@@ -120,8 +182,7 @@ class FrontendConfig:
             raise ConfigError(f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
-        if self.cache_policy not in ("clock", "lru"):
-            raise ConfigError(f"cache_policy must be clock or lru, got {self.cache_policy!r}")
+        CACHE_POLICIES.check(self.cache_policy)
         if self.queue_capacity < 1:
             raise ConfigError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
         if self.replica_timeout_s <= self.heartbeat_interval_s:

@@ -1,14 +1,23 @@
 """The one exception hierarchy of clipper-serve.
 
-::
+Every exception class in the package derives from :class:`ClipperError` (a unit test walks every
+module to keep it so). Classes defined beside their only raiser name their module in brackets::
 
     ClipperError
     ├── ConfigError            invalid settings (bad port, unknown controller, ...)
-    ├── RequestError           a client sent something we cannot serve -> HTTP 4xx
+    ├── RequestError           a client sent something we cannot serve -> an HTTP status
     │   ├── BadInputError      malformed JSON, wrong input type, missing keys (400)
     │   ├── NotFoundError      unknown application or route (404)
-    │   └── PayloadTooLarge    body over the configured limit (413)
+    │   ├── PayloadTooLarge    body over the configured limit (413)
+    │   ├── QueryRejected      overload answered with 503, not a default [frontend.query]
+    │   ├── QueryProcessingError  a query the query path refuses (400) [frontend.query]
+    │   ├── Misconfigured      a policy its links cannot serve (503) [frontend.ensemble]
+    │   ├── NoPrediction       feedback for an input no model answered (503) [frontend.ensemble]
+    │   └── FeedbackError      feedback that failed while learned from (400) [frontend.ensemble]
     ├── RegistryError          applications, models, links: duplicate, unknown, incompatible
+    │   └── OperationError     an admin operation refused (400) [frontend.admin_fields]
+    ├── FieldError             an admin body off its route's schema [frontend.admin_fields]
+    ├── StoreError             the config store's backend failed; nothing changed (503) [store.base]
     ├── ModelError             a model raised while predicting (carries its message)
     ├── OverloadedError        a query shed because it cannot meet its deadline (queue full/slow)
     ├── DeadlineExceeded       a query's deadline passed before its batch could be sent

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from clipper.choices import INPUT_TYPES
 from clipper.errors import BadInputError
 
 __all__ = ["InputType", "parse_input"]
@@ -50,10 +51,7 @@ class InputType(enum.Enum):
         try:
             return _ALIASES[name.strip().lower()]
         except KeyError:
-            raise ValueError(
-                f"unknown input type {name!r}; expected one of "
-                "bytes, integers, floats, doubles, strings, json"
-            ) from None
+            raise ValueError(INPUT_TYPES.unknown(name)) from None
 
     def schema(self) -> str:
         return _SCHEMAS[self]

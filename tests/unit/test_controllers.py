@@ -337,7 +337,7 @@ def test_make_controller_builds_each_kind() -> None:
 @pytest.mark.parametrize(
     ("name", "target", "params", "match"),
     [
-        ("batchy", TARGET, {}, "unknown batch controller 'batchy'"),
+        ("batchy", TARGET, {}, "unknown batching controller 'batchy'"),
         ("aimd", 0.0, {}, "target_s"),
         ("aimd", -1.0, {}, "target_s"),
         ("aimd", math.inf, {}, "target_s"),

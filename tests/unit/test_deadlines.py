@@ -17,10 +17,12 @@ from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import PredictionCache
 from clipper.clock import FakeClock
 from clipper.config import BatchingConfig
-from clipper.errors import ReplicaError
+from clipper.errors import ReplicaError, RequestError
 from clipper.frontend.ensemble import SelectionRuntime
 from clipper.frontend.metrics import Metrics
+from clipper.frontend.prediction import Prediction
 from clipper.frontend.query import SLO_MISSED, QueryProcessor
+from clipper.frontend.routes import encode_predictions
 from clipper.inputs import InputType
 from clipper.registry import Application, ModelVersion, Registry
 
@@ -39,14 +41,17 @@ class Transport:
 
 
 class Answers:
-    """The responses a query got, with the clock's time of each."""
+    """The answers a query got (as the Clipper REST document), with the clock's time of each."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.got: list[tuple[float, int, Any]] = []
 
-    def __call__(self, status: int, body: bytes) -> None:
-        self.got.append((self.clock.now(), status, orjson.loads(body)))
+    def answer(self, predictions: list[Prediction]) -> None:
+        self.got.append((self.clock.now(), 200, orjson.loads(encode_predictions(predictions))))
+
+    def fail(self, err: RequestError) -> None:
+        self.got.append((self.clock.now(), err.status, str(err)))
 
     def one(self) -> tuple[float, Any]:
         [(at, status, doc)] = self.got

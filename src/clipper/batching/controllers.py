@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from clipper.choices import CONTROLLERS
 from clipper.errors import ConfigError
 
 __all__ = [
@@ -477,54 +479,64 @@ def _float_param(params: dict[str, object], name: str, default: float) -> float:
     return float(value)
 
 
-_ACCEPTED: dict[str, frozenset[str]] = {
-    "aimd": frozenset({"increment", "backoff", "initial", "max_size", "hold_band", "slow_start"}),
-    "quantile": frozenset(
-        {"quantile", "window", "max_size", "min_samples", "explore_increment", "refit_every"}
-    ),
-    "fixed": frozenset({"size"}),
-}
+def _check_params(name: str, params: dict[str, object], accepted: frozenset[str]) -> None:
+    unknown = sorted(set(params) - accepted)
+    if unknown:
+        raise ConfigError(
+            f"unknown parameter(s) for {name!r} controller: {', '.join(unknown)}; "
+            f"accepted: {', '.join(sorted(accepted))}"
+        )
+
+
+# The builders, one per option of clipper.choices.CONTROLLERS (which names them lazily).
+_AIMD_PARAMS = frozenset({"increment", "backoff", "initial", "max_size", "hold_band", "slow_start"})
+_QUANTILE_PARAMS = frozenset(
+    {"quantile", "window", "max_size", "min_samples", "explore_increment", "refit_every"}
+)
+
+
+def _build_aimd(target_s: float, params: dict[str, object]) -> BatchController:
+    _check_params("aimd", params, _AIMD_PARAMS)
+    return AIMDController(
+        target_s,
+        increment=_int_param(params, "increment", 2),
+        backoff=_float_param(params, "backoff", 0.9),
+        initial=_int_param(params, "initial", 1),
+        max_size=_int_param(params, "max_size", 4096),
+        hold_band=_float_param(params, "hold_band", 0.1),
+        slow_start=_bool_param(params, "slow_start", True),
+    )
+
+
+def _build_quantile(target_s: float, params: dict[str, object]) -> BatchController:
+    _check_params("quantile", params, _QUANTILE_PARAMS)
+    return QuantileController(
+        target_s,
+        quantile=_float_param(params, "quantile", 0.99),
+        window=_int_param(params, "window", 512),
+        max_size=_int_param(params, "max_size", 4096),
+        min_samples=_int_param(params, "min_samples", 32),
+        explore_increment=_int_param(params, "explore_increment", 2),
+        refit_every=_int_param(params, "refit_every", 16),
+    )
+
+
+def _build_fixed(target_s: float, params: dict[str, object]) -> BatchController:
+    _check_params("fixed", params, frozenset({"size"}))
+    if "size" not in params:
+        raise ConfigError("the 'fixed' controller requires a 'size' parameter")
+    return FixedController(_int_param(params, "size", 1))
 
 
 def make_controller(name: str, *, target_s: float, **params: object) -> BatchController:
-    """Build the controller called ``name`` ("aimd", "quantile" or "fixed").
+    """Build the controller called ``name`` (see :data:`clipper.choices.CONTROLLERS`).
 
     Raises :class:`~clipper.errors.ConfigError` for an unknown name, an unknown or ill-typed
     parameter, or a value out of range.
     """
     key = name.strip().lower()
-    accepted = _ACCEPTED.get(key)
-    if accepted is None:
-        raise ConfigError(
-            f"unknown batch controller {name!r}; expected one of: {', '.join(sorted(_ACCEPTED))}"
-        )
+    if key not in CONTROLLERS:
+        raise ConfigError(CONTROLLERS.unknown(name))
     _require_target(target_s)
-    unknown = sorted(set(params) - accepted)
-    if unknown:
-        raise ConfigError(
-            f"unknown parameter(s) for {key!r} controller: {', '.join(unknown)}; "
-            f"accepted: {', '.join(sorted(accepted))}"
-        )
-    if key == "aimd":
-        return AIMDController(
-            target_s,
-            increment=_int_param(params, "increment", 2),
-            backoff=_float_param(params, "backoff", 0.9),
-            initial=_int_param(params, "initial", 1),
-            max_size=_int_param(params, "max_size", 4096),
-            hold_band=_float_param(params, "hold_band", 0.1),
-            slow_start=_bool_param(params, "slow_start", True),
-        )
-    if key == "quantile":
-        return QuantileController(
-            target_s,
-            quantile=_float_param(params, "quantile", 0.99),
-            window=_int_param(params, "window", 512),
-            max_size=_int_param(params, "max_size", 4096),
-            min_samples=_int_param(params, "min_samples", 32),
-            explore_increment=_int_param(params, "explore_increment", 2),
-            refit_every=_int_param(params, "refit_every", 16),
-        )
-    if "size" not in params:
-        raise ConfigError("the 'fixed' controller requires a 'size' parameter")
-    return FixedController(_int_param(params, "size", 1))
+    build: Callable[[float, dict[str, object]], BatchController] = CONTROLLERS.load(key)
+    return build(target_s, params)

@@ -2,8 +2,9 @@
 
 The reconciler decides how many replicas each model version should have and calls
 :meth:`ContainerManager.ensure`; a manager makes it so on its engine and reports what runs. The
-implementation is chosen by a URL-like setting (``--manager``), one table below: a new engine
-(Ray, Kubernetes) is one module that implements this protocol plus a row in :data:`MANAGERS`.
+implementation is chosen by a URL-like setting (``--manager``) from the ``MANAGERS`` table in
+``clipper.choices``: a new engine (Ray, Kubernetes) is one module that implements this protocol
+plus a row in that table.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Protocol
 
+from clipper.choices import MANAGERS
 from clipper.clock import Clock
 from clipper.errors import ConfigError
 from clipper.registry import ModelVersion
 
 __all__ = [
-    "MANAGERS",
     "ContainerManager",
     "ManagerContext",
     "ReplicaStatus",
@@ -102,7 +103,7 @@ class ManagerContext:
     nice: int
 
 
-def _local(rest: str, ctx: ManagerContext) -> ContainerManager:
+def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
     from clipper.managers.local import LocalManager
 
     if rest:
@@ -120,30 +121,22 @@ def _local(rest: str, ctx: ManagerContext) -> ContainerManager:
     )
 
 
-def _external(rest: str, ctx: ManagerContext) -> ContainerManager:
+def build_external(rest: str, ctx: ManagerContext) -> ContainerManager:
     if rest:
         raise ConfigError(f"'external://' takes nothing after it, got 'external://{rest}'")
     return ExternalManager()
 
 
-# scheme -> (factory, help). The CLI's choices and help, and the error for a bad URL, come
-# from here.
-MANAGERS: Final[dict[str, tuple[Callable[[str, ManagerContext], ContainerManager], str]]] = {
-    "local": (_local, "replicas are child processes of this frontend, restarted when they exit"),
-    "external": (
-        _external,
-        "replicas are started by someone else and dial in to the RPC port; nothing is started",
-    ),
-}
-
-
 def open_manager(url: str, ctx: ManagerContext) -> ContainerManager:
+    """The manager named by ``url`` (``local://``, ``external://``: the MANAGERS table)."""
     scheme, sep, rest = url.partition("://")
-    entry = MANAGERS.get(scheme) if sep else None
-    if entry is None:
-        accepted = ", ".join(f"'{name}://' ({help_})" for name, (_, help_) in MANAGERS.items())
-        raise ConfigError(f"unknown container manager {url!r}; accepted: {accepted}")
-    return entry[0](rest, ctx)
+    if not sep or scheme not in MANAGERS:
+        raise ConfigError(
+            f"unknown container manager {url!r}; expected one of "
+            f"{', '.join(f'{name}://' for name in MANAGERS)}"
+        )
+    build: Callable[[str, ManagerContext], ContainerManager] = MANAGERS.load(scheme)
+    return build(rest, ctx)
 
 
 class ExternalManager:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from clipper.choices import POLICIES as _CHOICE
 from clipper.errors import ConfigError
 
 __all__ = [
@@ -43,15 +44,8 @@ State = dict[str, Any]
 Loss = Callable[[Any, Any], float]
 """``loss(output, label) -> float >= 0``; see :func:`clipper.selection.losses.make_loss`."""
 
-POLICIES: tuple[str, ...] = (
-    "single",
-    "exp3",
-    "exp4",
-    "epsilon_greedy",
-    "ucb1",
-    "thompson",
-    "ab_split",
-)
+POLICIES: tuple[str, ...] = _CHOICE.names
+"""The policy names (the table with their help is :data:`clipper.choices.POLICIES`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,16 +277,5 @@ def shift_to_zero(log_w: dict[str, Any], models: Sequence[str]) -> None:
 
 def make_policy(name: str, models: Sequence[str], **params: Any) -> SelectionPolicy:
     """Build the policy called ``name`` (one of :data:`POLICIES`) over ``models``."""
-    # Imported here: the policy modules import this one.
-    from clipper.selection.ab_split import ABSplit
-    from clipper.selection.bandits import UCB1, EpsilonGreedy, Exp3, Thompson
-    from clipper.selection.exp4 import Exp4
-    from clipper.selection.single import SingleModel
-
-    classes: dict[str, type[SelectionPolicy]] = {
-        c.name: c for c in (SingleModel, Exp3, Exp4, EpsilonGreedy, UCB1, Thompson, ABSplit)
-    }
-    cls = classes.get(name)
-    if cls is None:
-        raise ConfigError(f"unknown selection policy {name!r}; accepted: {', '.join(POLICIES)}")
+    cls: type[SelectionPolicy] = _CHOICE.load(name)
     return cls(models, **params)

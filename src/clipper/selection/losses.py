@@ -15,14 +15,17 @@ scored and costs the full loss 1; a label that is not a number is the caller's e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
+from clipper.choices import LOSSES as _CHOICE
 from clipper.errors import BadInputError, ConfigError
 from clipper.selection.base import Loss, as_number, is_number
 
 __all__ = ["LOSSES", "make_loss", "same_output"]
 
-LOSSES: tuple[str, ...] = ("0/1", "squared", "absolute")
+LOSSES: tuple[str, ...] = _CHOICE.names
+"""The loss names (the table with their help is :data:`clipper.choices.LOSSES`)."""
 
 
 def same_output(a: Any, b: Any) -> bool:
@@ -52,14 +55,30 @@ def _numeric_label(label: Any, kind: str) -> float:
 
 def make_loss(kind: str, *, scale: float = 1.0) -> Loss:
     """The loss function called ``kind`` (one of :data:`LOSSES`)."""
-    if kind not in LOSSES:
-        raise ConfigError(f"unknown loss {kind!r}; accepted: {', '.join(LOSSES)}")
+    _CHOICE.check(kind)
     s = as_number(scale)
     if s is None or not math.isfinite(s) or s <= 0.0:
         raise ConfigError(f"loss scale must be a number > 0, got {scale!r}")
-    if kind == "0/1":
-        return _zero_one
+    build: Callable[[float], Loss] = _CHOICE.load(kind)
+    return build(s)
 
+
+# The builders, one per option of clipper.choices.LOSSES (which names them lazily).
+
+
+def _build_zero_one(scale: float) -> Loss:
+    return _zero_one
+
+
+def _build_squared(scale: float) -> Loss:
+    return _regression("squared", scale)
+
+
+def _build_absolute(scale: float) -> Loss:
+    return _regression("absolute", scale)
+
+
+def _regression(kind: str, s: float) -> Loss:
     def regression(output: Any, label: Any) -> float:
         y = _numeric_label(label, kind)
         if not is_number(output):

@@ -56,7 +56,7 @@ Snapshot = dict[str, dict[str, Any]]
 
 ACCEPTED_URLS: Final = (
     "'memory://', 'sqlite:///path/to/clipper.db', 'sqlite:///path/to/state-dir' "
-    "(-> state-dir/clipper.db) or 'redis://host:port/db' (optionally '?prefix=name')"
+    "(-> state-dir/clipper.db), 'redis://host:port/db' (optionally '?prefix=name') or 'rediss://'"
 )
 SQLITE_FILENAME: Final = "clipper.db"
 # A path with one of these suffixes names the database file itself; anything else is a directory.
@@ -252,27 +252,39 @@ def split_redis_url(url: str) -> tuple[str, str]:
 def open_store(url: str) -> Store:
     """The store named by ``url`` (not yet opened: ``await store.open()``).
 
-    Accepted: ``memory://``; ``sqlite:///path/to/clipper.db`` or ``sqlite:///state-dir``;
-    ``redis://host:port/db`` or ``rediss://...`` (TLS), with ``?prefix=name`` to share one redis
-    between deployments (default prefix ``clipper``). Anything else is a :class:`ConfigError`.
+    Accepted (the STORES table in ``clipper.choices``): ``memory://``;
+    ``sqlite:///path/to/clipper.db`` or ``sqlite:///state-dir``; ``redis://host:port/db`` or
+    ``rediss://...`` (TLS), with ``?prefix=name`` to share one redis between deployments
+    (default prefix ``clipper``). Anything else is a :class:`ConfigError`.
     """
+    from clipper.choices import STORES
+
     if not isinstance(url, str):
         raise _bad_url(f"store URL must be a string, got {type(url).__name__}")
     scheme = url.partition("://")[0].lower() if "://" in url else ""
-    # Backends are imported here because they import this module.
-    if scheme == "memory":
-        if url.partition("://")[2]:
-            raise _bad_url(f"memory store URL takes nothing after 'memory://', got {url!r}")
-        from clipper.store.memory import MemoryStore
+    if scheme not in STORES:
+        raise _bad_url(f"unknown store URL {redact_url(url)!r}")
+    build: Callable[[str], Store] = STORES.load(scheme)
+    return build(url)
 
-        return MemoryStore()
-    if scheme == "sqlite":
-        from clipper.store.sqlite import SqliteStore
 
-        return SqliteStore(sqlite_path(url.partition("://")[2]))
-    if scheme in ("redis", "rediss"):
-        from clipper.store.redis import RedisStore
+# Backends are imported inside their builders because they import this module.
+def _open_memory(url: str) -> Store:
+    if url.partition("://")[2]:
+        raise _bad_url(f"memory store URL takes nothing after 'memory://', got {url!r}")
+    from clipper.store.memory import MemoryStore
 
-        redis_url, prefix = split_redis_url(url)
-        return RedisStore(redis_url, prefix=prefix)
-    raise _bad_url(f"unknown store URL {redact_url(url)!r}")
+    return MemoryStore()
+
+
+def _open_sqlite(url: str) -> Store:
+    from clipper.store.sqlite import SqliteStore
+
+    return SqliteStore(sqlite_path(url.partition("://")[2]))
+
+
+def _open_redis(url: str) -> Store:
+    from clipper.store.redis import RedisStore
+
+    redis_url, prefix = split_redis_url(url)
+    return RedisStore(redis_url, prefix=prefix)
