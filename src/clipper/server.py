@@ -32,14 +32,15 @@ from clipper.errors import ClipperError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
 from clipper.frontend.ensemble import SelectionRuntime
 from clipper.frontend.http import HttpServer
-from clipper.frontend.metrics import Metrics
 from clipper.frontend.query import QueryProcessor
 from clipper.frontend.routes import AdminRoutes, QueryRoutes
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager, ManagerContext, open_manager
+from clipper.metrics import Metrics
 from clipper.persistence import StoreSync
 from clipper.registry import Application, ModelVersion, Registry
 from clipper.rpc.server import RpcServer
+from clipper.runtime.catalog import Catalog, QueryServices
 from clipper.runtime.control import Control
 from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
@@ -111,6 +112,7 @@ class Clipper:
             clock=self.clock,
             registrar=self.directory.register,
             on_removed=self.directory.removed,
+            sink=self.directory,
             input_type_of=lambda r: r.scheduler.mv.input_type if r.scheduler else InputType.BYTES,
         )
         self.directory.remove = self.rpc.remove
@@ -147,8 +149,15 @@ class Clipper:
             self.manager,
             node_id=config.node_id or "",
         )
+        self.catalog = Catalog(self.registry, self.schedulers)
+        self.services = QueryServices(
+            catalog=self.catalog,
+            processor=self.processor,
+            metrics=self.metrics,
+            queue_capacity=config.queue_capacity,
+        )
         self.http = HttpServer(
-            QueryRoutes(self), host=config.host, port=config.query_port,
+            QueryRoutes(self.services), host=config.host, port=config.query_port,
             max_body_bytes=config.max_body_bytes,
         )  # fmt: skip
         self.admin = AdminApi(
@@ -170,7 +179,7 @@ class Clipper:
             # Imported only when served: grpc is heavy, and containers import this package.
             from clipper.frontend.grpc.server import V2GrpcServer
 
-            self.grpc = V2GrpcServer(self, host=config.host, port=config.grpc_port)
+            self.grpc = V2GrpcServer(self.services, host=config.host, port=config.grpc_port)
         self._stack: contextlib.AsyncExitStack | None = None
         self._stop_event: asyncio.Event | None = None
 

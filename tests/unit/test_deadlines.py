@@ -19,11 +19,11 @@ from clipper.clock import FakeClock
 from clipper.config import BatchingConfig
 from clipper.errors import ReplicaError, RequestError
 from clipper.frontend.ensemble import SelectionRuntime
-from clipper.frontend.metrics import Metrics
 from clipper.frontend.prediction import Prediction
 from clipper.frontend.query import SLO_MISSED, QueryProcessor
 from clipper.frontend.routes import encode_predictions
 from clipper.inputs import InputType
+from clipper.metrics import Metrics
 from clipper.registry import Application, ModelVersion, Registry
 
 SLO_US = 20_000  # 20 ms: the answer margin is 2 ms

@@ -13,6 +13,18 @@ from clipper.rpc.server import RpcServer
 TIMEOUT_S = 3.0
 
 
+class NoAnswers:
+    def deliver(
+        self,
+        replica: Replica,
+        msg_id: int,
+        outputs: list[object] | None,
+        error: str | None,
+        nbytes: int,
+    ) -> None:
+        raise AssertionError("no batch was sent")
+
+
 async def test_a_silent_replica_is_removed_after_its_timeout_on_the_clock() -> None:
     clock = FakeClock(start=0.0)
     removed: list[tuple[Replica, float]] = []
@@ -26,6 +38,7 @@ async def test_a_silent_replica_is_removed_after_its_timeout_on_the_clock() -> N
         clock=clock,
         registrar=register,
         on_removed=lambda r: removed.append((r, clock.now())),
+        sink=NoAnswers(),
         input_type_of=lambda _: InputType.BYTES,
     )
     await rpc.start()

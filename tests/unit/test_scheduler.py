@@ -16,8 +16,8 @@ from clipper.cache import Lookup, PredictionCache
 from clipper.clock import FakeClock
 from clipper.config import BatchingConfig
 from clipper.errors import DeadlineExceeded, ModelError, OverloadedError, ReplicaError, WireError
-from clipper.frontend.metrics import Metrics
 from clipper.inputs import InputType
+from clipper.metrics import Metrics
 from clipper.registry import ModelVersion
 
 SLO_S = 1.0

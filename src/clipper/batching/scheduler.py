@@ -19,7 +19,7 @@ from clipper.batching.queue import ModelQueue, Task
 from clipper.cache import PredictionCache
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import DeadlineExceeded, ModelError, OverloadedError
-from clipper.frontend.metrics import Metrics
+from clipper.metrics import Metrics
 from clipper.registry import ModelVersion
 
 __all__ = ["ModelScheduler", "Replica", "Transport"]

@@ -53,9 +53,9 @@ from clipper.frontend.admin_fields import (
     write_file,
 )
 from clipper.frontend.http import Respond
-from clipper.frontend.metrics import Metrics
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager
+from clipper.metrics import Metrics
 from clipper.registry import Application, ModelVersion, Registry, check_name
 from clipper.store.base import StoreError
 

@@ -28,9 +28,9 @@ from clipper.errors import (
     RequestError,
 )
 from clipper.frontend.ensemble import EnsembleQuery, SelectionRuntime, combine_one, parse_uid
-from clipper.frontend.metrics import Metrics
 from clipper.frontend.prediction import DefaultReason, FeedbackReply, Prediction, Reply
 from clipper.inputs import parse_input
+from clipper.metrics import Metrics
 from clipper.registry import Application, Registry
 
 __all__ = [

@@ -19,7 +19,7 @@ from clipper.frontend.prediction import Prediction
 
 if TYPE_CHECKING:
     from clipper.frontend.admin import AdminApi
-    from clipper.server import Clipper
+    from clipper.runtime.catalog import QueryServices
 
 __all__ = ["AdminRoutes", "QueryRoutes", "RestReply", "encode_predictions"]
 
@@ -86,9 +86,9 @@ class RestReply:
 class QueryRoutes:
     """Port 1337."""
 
-    def __init__(self, clipper: Clipper) -> None:
-        self.clipper = clipper
-        self._predict = clipper.processor.predict  # bound once: the hot path
+    def __init__(self, svc: QueryServices) -> None:
+        self.svc = svc
+        self._predict = svc.processor.predict  # bound once: the hot path
 
     def __call__(
         self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
@@ -99,43 +99,32 @@ class QueryRoutes:
                 self._predict(app, body, RestReply(respond))
                 return
             if verb == "update" and app:
-                self.clipper.processor.feedback(app, body, RestReply(respond))
+                self.svc.processor.feedback(app, body, RestReply(respond))
                 return
         if method == b"GET":
             if path == "/metrics":
                 if _metrics_as_json(headers):
-                    json_response(respond, 200, self.clipper.metrics.to_json())
+                    json_response(respond, 200, self.svc.metrics.to_json())
                 else:
-                    respond(200, self.clipper.metrics.render(), _PROMETHEUS)
+                    respond(200, self.svc.metrics.render(), _PROMETHEUS)
                 return
             if path in ("/health", "/healthz", "/health/live"):
                 json_response(respond, 200, {"status": "ok"})
                 return
             if path in ("/ready", "/health/ready"):
-                missing = self._unready()
+                missing = self.svc.catalog.unready()
                 json_response(
                     respond, 200 if not missing else 503,
                     {"ready": not missing, "models_without_replicas": missing},
                 )  # fmt: skip
                 return
         if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol (V2)
-            v2.handle(self.clipper, method, path, headers, body, respond)
+            v2.handle(self.svc, method, path, headers, body, respond)
             return
         raise NotFoundError(
             f"no route for {method.decode()} {path}; expected POST /<app>/predict, "
             "POST /<app>/update, GET /metrics, GET /health or GET /ready"
         )
-
-    def _unready(self) -> list[str]:
-        out = []
-        for names in self.clipper.registry.links.values():
-            for name in names:
-                version = self.clipper.registry.current.get(name)
-                sched = self.clipper.schedulers.get((name, version or ""))
-                mv = self.clipper.registry.models.get(name, {}).get(version or "")
-                if mv is not None and mv.num_replicas and (sched is None or not sched.replicas):
-                    out.append(f"{name}:{version}")
-        return out
 
 
 class AdminRoutes:

@@ -33,14 +33,13 @@ from clipper.frontend.v2_request import (
     output_tensor,
     raw_tensor,
     resolve_version,
-    single_model,
     tensor_datatype,
     timeout_slo,
 )
 
 if TYPE_CHECKING:
     from clipper.registry import Application
-    from clipper.server import Clipper
+    from clipper.runtime.catalog import QueryServices
 
 __all__ = [
     "SERVER_NAME",
@@ -74,7 +73,7 @@ def error_response(respond: Respond, err: RequestError) -> None:
 
 
 def handle(  # noqa: PLR0917 (the router's signature)
-    clipper: Clipper,
+    svc: QueryServices,
     method: bytes,
     path: str,
     headers: dict[bytes, bytes],
@@ -84,13 +83,13 @@ def handle(  # noqa: PLR0917 (the router's signature)
     """Serve one request whose path is ``/v2`` or starts with ``/v2/``; answers every error
     itself as ``{"error": ...}`` (it never raises :class:`RequestError`)."""
     try:
-        _route(clipper, method, path, headers, body, respond)
+        _route(svc, method, path, headers, body, respond)
     except RequestError as err:
         error_response(respond, err)
 
 
 def _route(  # noqa: PLR0917
-    clipper: Clipper,
+    svc: QueryServices,
     method: bytes,
     path: str,
     headers: dict[bytes, bytes],
@@ -110,7 +109,7 @@ def _route(  # noqa: PLR0917
             respond(200, b"", _EMPTY)
             return
         if parts == ["health", "ready"]:
-            respond(200 if server_ready(clipper) else 503, b"", _EMPTY)
+            respond(200 if server_ready(svc) else 503, b"", _EMPTY)
             return
     if len(parts) >= 2 and parts[0] == "models":
         name = parts[1]
@@ -120,19 +119,19 @@ def _route(  # noqa: PLR0917
             version = rest[1]
             rest = rest[2:]
         if method == b"GET" and not rest:
-            doc = model_metadata(clipper, find_app(clipper.registry, name), version)
+            doc = model_metadata(svc, find_app(svc.catalog.registry, name), version)
             respond(200, orjson.dumps(doc), JSON)
             return
         if method == b"GET" and rest == ["config"]:
-            doc = model_config(clipper, find_app(clipper.registry, name), version)
+            doc = model_config(svc, find_app(svc.catalog.registry, name), version)
             respond(200, orjson.dumps(doc), JSON)
             return
         if method == b"GET" and rest == ["ready"]:
-            ready = model_ready(clipper, find_app(clipper.registry, name), version)
+            ready = model_ready(svc, find_app(svc.catalog.registry, name), version)
             respond(200 if ready else 400, b"", _EMPTY)
             return
         if method == b"POST" and rest == ["infer"]:
-            _infer(clipper, find_app(clipper.registry, name), version, headers, body, respond)
+            _infer(svc, find_app(svc.catalog.registry, name), version, headers, body, respond)
             return
     raise NotFoundError(
         f"no route for {method.decode()} {path}; the V2 API serves GET /v2, "
@@ -143,38 +142,20 @@ def _route(  # noqa: PLR0917
 
 
 # -- health and metadata ---------------------------------------------------------------------
-def _live(clipper: Clipper, model: str, version: str | None) -> bool:
-    sched = clipper.schedulers.get((model, version or ""))
-    return sched is not None and bool(sched.replicas)
+def server_ready(svc: QueryServices) -> bool:
+    """The frontend's readiness rule (the one ``GET /ready`` applies)."""
+    return svc.catalog.ready()
 
 
-def server_ready(clipper: Clipper) -> bool:
-    """Ready when every linked model version that should have replicas has one alive (the
-    rule of ``GET /ready``)."""
-    reg = clipper.registry
-    for names in reg.links.values():
-        for name in names:
-            version = reg.current.get(name)
-            mv = reg.models.get(name, {}).get(version or "")
-            if mv is not None and mv.num_replicas and not _live(clipper, name, version):
-                return False
-    return True
-
-
-def model_ready(clipper: Clipper, app: Application, version: str | None) -> bool:
+def model_ready(svc: QueryServices, app: Application, version: str | None) -> bool:
     """Ready when a linked model (the requested version of it) has a replica alive."""
-    reg = clipper.registry
-    for name in reg.links.get(app.name) or []:
-        v = version if version is not None else reg.current.get(name)
-        if v is not None and _live(clipper, name, v):
-            return True
-    return False
+    return svc.catalog.app_ready(app, version)
 
 
-def model_metadata(clipper: Clipper, app: Application, version: str | None) -> dict[str, Any]:
+def model_metadata(svc: QueryServices, app: Application, version: str | None) -> dict[str, Any]:
     """The V2 model metadata of an application (a V2 model)."""
-    model = single_model(clipper.registry, app)
-    versions = sorted(clipper.registry.models.get(model, {})) if model else []
+    model = svc.catalog.single_model(app)
+    versions = svc.catalog.versions(model) if model else []
     if version is not None and version not in versions:
         raise NotFoundError(
             f"model '{app.name}' has no version '{version}'; versions: {versions or 'none'}"
@@ -195,19 +176,19 @@ def _config_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def model_config(clipper: Clipper, app: Application, version: str | None) -> dict[str, Any]:
+def model_config(svc: QueryServices, app: Application, version: str | None) -> dict[str, Any]:
     """Triton's model configuration extension for an application, in its JSON form: what
     perf_analyzer and Triton's tools read (tensors, max batch size, batching).
 
     ``max_batch_size`` is the queue capacity: each row of a request is a query of its own,
     so that is the most rows one request can have queued. ``dynamic_batching`` carries the
     batch wait of the model that answers (a single linked model's current version)."""
-    meta = model_metadata(clipper, app, version)
+    meta = model_metadata(svc, app, version)
     config: dict[str, Any] = {
         "name": app.name,
         "platform": PLATFORM,
         "backend": SERVER_NAME,
-        "max_batch_size": clipper.config.queue_capacity,
+        "max_batch_size": svc.queue_capacity,
         "input": [
             {"name": t["name"], "data_type": _config_type(t["datatype"]), "dims": [-1]}
             for t in meta["inputs"]
@@ -217,9 +198,8 @@ def model_config(clipper: Clipper, app: Application, version: str | None) -> dic
             for t in meta["outputs"]
         ],
     }
-    model = single_model(clipper.registry, app)
-    v = version if version is not None else (clipper.registry.current.get(model) if model else None)
-    mv = clipper.registry.models.get(model, {}).get(v) if model and v else None
+    model = svc.catalog.single_model(app)
+    mv = svc.catalog.version(model, version) if model else None
     if mv is not None:
         wait = mv.batching.max_wait_micros
         config["dynamic_batching"] = {"max_queue_delay_microseconds": wait}
@@ -317,7 +297,7 @@ def _wants_binary(outputs: Any, params: dict[str, Any] | None) -> bool:
 
 
 def _infer(  # noqa: PLR0917
-    clipper: Clipper,
+    svc: QueryServices,
     app: Application,
     version: str | None,
     headers: dict[bytes, bytes],
@@ -326,9 +306,9 @@ def _infer(  # noqa: PLR0917
 ) -> None:
     request = parse_infer(headers, body)
     payloads = input_payloads(app, request.inputs)
-    model_version = resolve_version(clipper.registry, app, version)
+    model_version = resolve_version(svc.catalog.registry, app, version)
     reply = _V2Reply(respond, app.name, model_version, request)
-    processor = clipper.processor
+    processor = svc.processor
     processor.predict_payloads(
         app, payloads, version, "", reply, processor.clock.now(), request.slo_s
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 import zmq
 
@@ -31,6 +31,20 @@ log = logging.getLogger("clipper.rpc")
 Registrar = Callable[[wire.NewContainer, bytes], Replica | None]
 Remover = Callable[[Replica], None]
 
+
+class ResponseSink(Protocol):
+    """Where answered batches go (the runtime routes them to the replica's scheduler)."""
+
+    def deliver(
+        self,
+        replica: Replica,
+        msg_id: int,
+        outputs: list[object] | None,
+        error: str | None,
+        nbytes: int,
+    ) -> None: ...
+
+
 _DRAIN_BATCH = 256
 # How often replicas are checked for silence (their timeouts are seconds).
 _LIVENESS_PERIOD_S = 0.25
@@ -46,6 +60,7 @@ class RpcServer:
         clock: Clock,
         registrar: Registrar,
         on_removed: Remover,
+        sink: ResponseSink,
         input_type_of: Callable[[Replica], InputType],
     ) -> None:
         self.host = host
@@ -53,6 +68,7 @@ class RpcServer:
         self.clock = clock
         self._registrar = registrar
         self._on_removed = on_removed
+        self._sink = sink
         self._input_type_of = input_type_of
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
@@ -170,7 +186,7 @@ class RpcServer:
         if replica is not None:
             replica.last_seen = self.clock.now()
         if isinstance(msg, wire.PredictResponse):
-            if replica is None or replica.scheduler is None:
+            if replica is None:
                 return  # from a replica we already removed
             outputs = msg.outputs
             error = msg.error
@@ -179,7 +195,7 @@ class RpcServer:
                 first = outputs[0] if outputs else None
                 if isinstance(first, dict) and _V3_ERROR_KEY in first:
                     error, outputs = str(first[_V3_ERROR_KEY]), None
-            replica.scheduler.on_response(
+            self._sink.deliver(
                 replica, msg.msg_id, outputs, error, sum(map(len, frames)) - len(identity)
             )
         elif isinstance(msg, wire.Heartbeat):

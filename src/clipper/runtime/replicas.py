@@ -73,6 +73,18 @@ class ReplicaDirectory:
         sched.add_replica(replica)
         return replica
 
+    def deliver(
+        self,
+        replica: Replica,
+        msg_id: int,
+        outputs: list[object] | None,
+        error: str | None,
+        nbytes: int,
+    ) -> None:
+        """An answered batch (the RPC endpoint's response sink)."""
+        if replica.scheduler is not None:  # else: removed while its batch was out
+            replica.scheduler.on_response(replica, msg_id, outputs, error, nbytes)
+
     def removed(self, replica: Replica) -> None:
         if replica.address:
             self._by_token.pop(replica.address, None)

@@ -44,7 +44,7 @@ from clipper.frontend.v2_request import (
 
 if TYPE_CHECKING:
     from clipper.registry import Application
-    from clipper.server import Clipper
+    from clipper.runtime.catalog import QueryServices
 
 __all__ = ["V2GrpcServer", "abort", "encode_response", "parse_infer"]
 
@@ -83,11 +83,11 @@ def _code(status: int) -> grpc.StatusCode:
 
 
 class V2GrpcServer:
-    """The V2 gRPC service of one :class:`Clipper`, on ``host:port`` (port 0 picks a free
+    """The V2 gRPC service over a frontend's query services, on ``host:port`` (port 0 picks a free
     port; :attr:`port` is the bound one after :meth:`start`)."""
 
-    def __init__(self, clipper: Clipper, *, host: str, port: int) -> None:
-        self.clipper = clipper
+    def __init__(self, svc: QueryServices, *, host: str, port: int) -> None:
+        self.svc = svc
         self.host = host
         self.port = port
         self._server: grpc.aio.Server | None = None
@@ -97,7 +97,7 @@ class V2GrpcServer:
         if self._server is not None:
             return
         server = grpc.aio.server()
-        servicer = _Servicer(self.clipper)
+        servicer = _Servicer(self.svc)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         bound = server.add_insecure_port(address)
@@ -139,17 +139,17 @@ class _Pending:
 
 
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, clipper: Clipper) -> None:
-        self.clipper = clipper
+    def __init__(self, svc: QueryServices) -> None:
+        self.svc = svc
 
     def _app(self, name: str) -> Application:
-        return find_app(self.clipper.registry, name)
+        return find_app(self.svc.catalog.registry, name)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return pb.ServerReadyResponse(ready=v2.server_ready(self.clipper))
+        return pb.ServerReadyResponse(ready=v2.server_ready(self.svc))
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         return pb.ServerMetadataResponse(
@@ -161,12 +161,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             app = self._app(request.name)
         except RequestError as err:
             await abort(context, err)
-        ready = v2.model_ready(self.clipper, app, request.version or None)
+        ready = v2.model_ready(self.svc, app, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         try:
-            doc = v2.model_metadata(self.clipper, self._app(request.name), request.version or None)
+            doc = v2.model_metadata(self.svc, self._app(request.name), request.version or None)
         except RequestError as err:
             await abort(context, err)
         tensors = pb.ModelMetadataResponse.TensorMetadata
@@ -180,7 +180,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         try:
-            doc = v2.model_config(self.clipper, self._app(request.name), request.version or None)
+            doc = v2.model_config(self.svc, self._app(request.name), request.version or None)
         except RequestError as err:
             await abort(context, err)
         config = pb.ModelConfig(
@@ -196,7 +196,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        clipper = self.clipper
+        svc = self.svc
         done: asyncio.Future[list[Prediction] | RequestError] = (
             asyncio.get_running_loop().create_future()
         )
@@ -205,8 +205,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             infer = parse_infer(request)
             payloads = input_payloads(app, infer.inputs)
             version = request.model_version or None
-            model_version = resolve_version(clipper.registry, app, version)
-            processor = clipper.processor
+            model_version = resolve_version(svc.catalog.registry, app, version)
+            processor = svc.processor
             processor.predict_payloads(
                 app, payloads, version, "", _Pending(done), processor.clock.now(), infer.slo_s
             )
