@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
+from clipper.choices import LOSSES, OVERLOAD, Overload
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
@@ -29,8 +30,6 @@ log = logging.getLogger("clipper.registry")
 Records = dict[str, dict[str, Any]]
 
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
-
-Overload = Literal["default", "reject"]
 
 
 def embed_output(text: str) -> Any:
@@ -82,11 +81,11 @@ class Application:
             )
         if not isinstance(self.default_output, str):
             raise RegistryError("default_output must be a string (JSON text is embedded as JSON)")
-        if self.overload not in ("default", "reject"):
-            raise RegistryError(f"overload must be 'default' or 'reject', got {self.overload!r}")
+        if self.overload not in OVERLOAD:
+            raise RegistryError(OVERLOAD.unknown(self.overload))
         if not 0.0 <= self.min_confidence <= 1.0:
             raise RegistryError(f"min_confidence must be in [0, 1], got {self.min_confidence!r}")
-        if self.loss not in ("0/1", "squared", "absolute"):
+        if self.loss not in LOSSES:
             raise RegistryError(f"loss must be 0/1, squared or absolute, got {self.loss!r}")
         if not self.loss_scale > 0:
             raise RegistryError(f"loss_scale must be > 0, got {self.loss_scale!r}")

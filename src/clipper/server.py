@@ -21,10 +21,11 @@ import signal
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import PredictionCache
+from clipper.choices import Overload
 from clipper.clock import Clock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.deployers import package
@@ -286,7 +287,7 @@ class Clipper:
         latency_slo_micros: int,
         *,
         cache: bool = True,
-        overload: Literal["default", "reject"] = "default",
+        overload: Overload = "default",
         policy: str = "single",
         policy_params: dict[str, Any] | None = None,
         min_confidence: float = 0.0,

@@ -596,7 +596,7 @@ async def test_update_app_failures(clipper: Clipper) -> None:
     assert "latency_slo_micros" in await fails(
         clipper, "update_app", {"name": "app-updf", "latency_slo_micros": 0}
     )
-    assert "overload must be" in await fails(
+    assert "unknown overload answer 'panic'; expected one of default, reject" in await fails(
         clipper, "update_app", {"name": "app-updf", "overload": "panic"}
     )
     text = await fails(clipper, "update_app", {"name": "app-updf", "cache": "yes"})

@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from clipper.choices import OVERLOAD
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, NotFoundError, RegistryError
 from clipper.frontend.admin_fields import (
@@ -251,8 +252,8 @@ class AdminApi:
         slo = int_field(doc, "latency_slo_micros")
         cache = bool_field(doc, "cache", True)
         overload = str_field(doc, "overload", "default")
-        if overload not in ("default", "reject"):
-            raise OperationError(f"overload must be 'default' or 'reject', got {overload!r}")
+        if overload not in OVERLOAD:
+            raise OperationError(OVERLOAD.unknown(overload))
         app = Application(
             name=name,
             input_type=itype,
@@ -283,8 +284,8 @@ class AdminApi:
             changes["cache"] = bool_field(doc, "cache")
         if "overload" in doc:
             overload = str_field(doc, "overload")
-            if overload not in ("default", "reject"):
-                raise OperationError(f"overload must be 'default' or 'reject', got {overload!r}")
+            if overload not in OVERLOAD:
+                raise OperationError(OVERLOAD.unknown(overload))
             changes["overload"] = overload
         changes.update(_selection_fields(doc))
         unknown = sorted(set(doc) - {"name", *changes})

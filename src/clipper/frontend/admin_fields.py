@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from clipper.choices import CONTROLLERS, LOSSES, OVERLOAD, POLICIES
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError
 from clipper.frontend.http import JSON
@@ -49,17 +50,17 @@ TEXT = b"text/plain; charset=utf-8"
 
 Reply = tuple[int, bytes, bytes]
 
+# The original's schema text lists input types in its own order: kept verbatim (compatibility).
 _INPUT_TYPES = '"integers" | "bytes" | "floats" | "doubles" | "strings" | "json"'
 _BATCHING = (
-    '{"controller" := "aimd" | "quantile" | "fixed", "max_batch_size" := int, '
+    f'{{"controller" := {CONTROLLERS.schema()}, "max_batch_size" := int, '
     '"max_wait_micros" := int, "in_flight" := int, "target_fraction" := number, '
     '"params" := object}'
 )
 
 _SELECTION = (
-    ', "policy" := "single" | "exp3" | "exp4" | "epsilon_greedy" | "ucb1" | "thompson" | '
-    '"ab_split" (optional), "policy_params" := object (optional), '
-    '"min_confidence" := number (optional), "loss" := "0/1" | "squared" | "absolute" '
+    f', "policy" := {POLICIES.schema()} (optional), "policy_params" := object (optional), '
+    f'"min_confidence" := number (optional), "loss" := {LOSSES.schema()} '
     '(optional), "loss_scale" := number (optional), "online_learning" := bool (optional)}'
 )
 
@@ -68,7 +69,7 @@ SCHEMAS: dict[str, str] = {
     "add_app": (
         '{"name" := string, "input_type" := ' + _INPUT_TYPES + ', "default_output" := string, '
         '"latency_slo_micros" := int, "cache" := bool (optional), '
-        '"overload" := "default" | "reject" (optional)' + _SELECTION
+        f'"overload" := {OVERLOAD.schema()} (optional)' + _SELECTION
     ),
     "delete_app": '{"name" := string}',
     "add_model": (
@@ -112,7 +113,7 @@ SCHEMAS: dict[str, str] = {
     "update_app": (
         '{"name" := string, "latency_slo_micros" := int (optional), '
         '"default_output" := string (optional), "cache" := bool (optional), '
-        '"overload" := "default" | "reject" (optional)' + _SELECTION
+        f'"overload" := {OVERLOAD.schema()} (optional)' + _SELECTION
     ),
     "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
     "get_logs": '{"max_bytes" := int (optional)}',
