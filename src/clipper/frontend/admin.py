@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 import tarfile
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -74,7 +74,7 @@ log = logging.getLogger("clipper.admin")
 _LOG_TAIL_BYTES = 1 << 20
 
 Handler = Callable[[dict[str, Any]], Reply]
-AsyncHandler = Callable[[dict[str, Any]], Awaitable[Reply]]
+AsyncHandler = Callable[[dict[str, Any]], Coroutine[Any, Any, Reply]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,49 +188,37 @@ class AdminApi:
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            respond(400, schema_error(name, str(e)), TEXT)
+            error_reply(respond, name, FieldError(str(e)))
             return
         if not isinstance(doc, dict):
-            respond(400, schema_error(name, "the body must be a JSON object"), TEXT)
+            error_reply(respond, name, FieldError("the body must be a JSON object"))
             return
         if run_async is not None:
-            self._spawn(self._guarded(name, run_async, doc), respond)
+            self._spawn(run_async(doc), respond, name)
             return
         assert sync is not None
         try:
             status, data, ctype = sync(doc)
-        except FieldError as e:
-            respond(400, schema_error(name, str(e)), TEXT)
-        except (OperationError, ClipperError) as e:
-            respond(400, str(e).encode(), TEXT)
+        except Exception as e:  # rendered; logged when unexpected
+            error_reply(respond, name, e)
         else:
             respond(status, data, ctype)
 
-    async def _guarded(self, name: str, handler: AsyncHandler, doc: dict[str, Any]) -> Reply:
-        try:
-            return await handler(doc)
-        except FieldError as e:
-            return 400, schema_error(name, str(e)), TEXT
-
-    def _spawn(self, work: Coroutine[Any, Any, Reply], respond: Respond) -> None:
-        task = asyncio.get_running_loop().create_task(self._answer(work, respond))
+    def _spawn(
+        self, work: Coroutine[Any, Any, Reply], respond: Respond, name: str = "upload_model"
+    ) -> None:
+        task = asyncio.get_running_loop().create_task(self._answer(work, respond, name))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, work: Coroutine[Any, Any, Reply], respond: Respond) -> None:
+    async def _answer(self, work: Coroutine[Any, Any, Reply], respond: Respond, name: str) -> None:
         try:
             status, data, ctype = await work
-        except asyncio.CancelledError:
-            respond(503, b"the frontend is shutting down", TEXT)
+        except asyncio.CancelledError as e:
+            error_reply(respond, name, e)
             raise
-        except StoreError as e:
-            # Nothing was changed: the registry moves only after the store took the change.
-            respond(503, f"the change was not made: the config store failed: {e}".encode(), TEXT)
-        except (OperationError, ClipperError) as e:
-            respond(400, str(e).encode(), TEXT)
-        except Exception:
-            log.exception("unexpected error in an admin operation")
-            respond(500, b"An unexpected error occurred!", TEXT)
+        except Exception as e:  # rendered; logged when unexpected
+            error_reply(respond, name, e)
         else:
             respond(status, data, ctype)
 
@@ -716,6 +704,23 @@ class AdminApi:
         if limit < 0:
             raise OperationError(f"max_bytes must be >= 0, got {limit}")
         return json_reply([{"file": name, "text": text} for name, text in self.manager.logs(limit)])
+
+
+def error_reply(respond: Respond, route: str, err: BaseException) -> None:
+    """The admin API's error answer: every admin failure is rendered here, as plain text like
+    the original's. A body off the route's schema gets the original's schema message."""
+    if isinstance(err, FieldError):
+        respond(400, schema_error(route, str(err)), TEXT)
+    elif isinstance(err, StoreError):
+        # Nothing was changed: the registry moves only after the store took the change.
+        respond(503, f"the change was not made: the config store failed: {err}".encode(), TEXT)
+    elif isinstance(err, asyncio.CancelledError):
+        respond(503, b"the frontend is shutting down", TEXT)
+    elif isinstance(err, OperationError | ClipperError):
+        respond(400, str(err).encode(), TEXT)
+    else:
+        log.error("unexpected error in admin operation %s", route, exc_info=err)
+        respond(500, b"An unexpected error occurred!", TEXT)
 
 
 def _selection_fields(doc: dict[str, Any]) -> dict[str, Any]:
