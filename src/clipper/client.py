@@ -31,6 +31,7 @@ import orjson
 
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, RegistryError, RequestError
+from clipper.store.base import StoreError
 
 __all__ = ["Client"]
 
@@ -88,6 +89,10 @@ class Client:
                 text = doc.get("cause") or doc.get("error") or text
             except (orjson.JSONDecodeError, AttributeError):
                 pass
+            if status == 503:
+                # The store refused the change (nothing was changed) or the frontend is
+                # stopping: worth a retry, unlike a refused operation.
+                raise StoreError(text)
             raise RegistryError(text)
         try:
             return orjson.loads(data)
