@@ -506,6 +506,16 @@ async def test_upload_model_with_headers(clipper: Clipper, artifacts: dict[str, 
     assert resp.status == 400
     assert resp.body.decode() == "model with name 'm-up' and version '1' already exists"
     assert saved.read_bytes() == artifacts["tagged"].read_bytes()
+    # The same upload again (a client retrying a lost answer) succeeds and changes nothing.
+    pids = [p.pid for p in clipper.manager.replicas("m-up", "1")]
+    resp = await request(
+        f"{clipper.admin_url}/admin/upload_model",
+        "POST",
+        artifacts["tagged"].read_bytes(),
+        headers=headers,
+    )
+    assert resp.status == 200, resp.body
+    assert [p.pid for p in clipper.manager.replicas("m-up", "1")] == pids
 
 
 async def test_upload_model_with_query_string(clipper: Clipper, artifacts: dict[str, Path]) -> None:

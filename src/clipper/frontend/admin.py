@@ -18,11 +18,13 @@ side (:class:`Control`) to change, the container manager for replica processes a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import tarfile
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
@@ -61,8 +63,6 @@ from clipper.registry import Application, ModelVersion, Registry, check_name
 from clipper.store.base import StoreError
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from clipper.batching.scheduler import ModelScheduler, Replica
     from clipper.clock import Clock
     from clipper.runtime.control import Control
@@ -72,6 +72,7 @@ __all__ = ["AdminApi"]
 log = logging.getLogger("clipper.admin")
 
 _LOG_TAIL_BYTES = 1 << 20
+_DIGEST_FILE = "upload.sha256"  # beside an upload: recognises the same upload retried
 
 Handler = Callable[[dict[str, Any]], Reply]
 AsyncHandler = Callable[[dict[str, Any]], Coroutine[Any, Any, Reply]]
@@ -546,10 +547,17 @@ class AdminApi:
             check_name("version", version)
         except RegistryError as e:
             raise OperationError(str(e)) from None
+        base = self.state_dir / "uploads" / name / version
+        digest = hashlib.sha256(body).hexdigest()
         if version in self.registry.models.get(name, {}):
+            mv = self.registry.models[name][version]
+            same = await asyncio.to_thread(_read_digest, base) == digest
+            if same and mv.input_type is itype and mv.num_replicas == n:
+                # The same upload again (a retry whose answer was lost): nothing to do.
+                return json_reply({"model_name": name, "model_version": version, "num_replicas": n})
             # Refuse before writing: the running version's file must stay as it is.
             raise OperationError(f"model with name '{name}' and version '{version}' already exists")
-        base = self.state_dir / "uploads" / name / version
+        await asyncio.to_thread(write_file, base / _DIGEST_FILE, digest.encode())
         if body[:2] == b"\x1f\x8b":  # gzip: an artifact directory
             try:
                 await asyncio.to_thread(extract_archive, base / "artifact", body)
@@ -704,6 +712,13 @@ class AdminApi:
         if limit < 0:
             raise OperationError(f"max_bytes must be >= 0, got {limit}")
         return json_reply([{"file": name, "text": text} for name, text in self.manager.logs(limit)])
+
+
+def _read_digest(base: Path) -> str | None:
+    try:
+        return (base / _DIGEST_FILE).read_text().strip()
+    except OSError:
+        return None
 
 
 def error_reply(respond: Respond, route: str, err: BaseException) -> None:
