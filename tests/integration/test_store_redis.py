@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from clipper.store import StoreError, StoreEvent, open_store
@@ -256,3 +257,59 @@ async def test_server_gone_mid_run_is_a_store_error(
             await asyncio.wait_for(s.put("current", "m", "2"), 10.0)
     finally:
         await s.close()
+
+
+async def test_a_commit_arrives_whole_at_other_stores(stores: Callable[..., Any]) -> None:
+    from clipper.store.base import Delete, DeletePrefix, Put
+
+    a: RedisStore = await stores()
+    b: RedisStore = await stores()
+    queue, callback = collector()
+    b.watch(callback)
+    await a.put("state", "x:u", {"w": 1})
+    await a.commit(
+        [
+            Put("app", "x", APP),
+            Put("links", "x", []),
+            Delete("app", "y"),
+            DeletePrefix("state", "x:"),
+        ]
+    )
+    got = [await asyncio.wait_for(queue.get(), 5) for _ in range(3)]
+    assert got == [
+        StoreEvent("app", "x", APP, last=False),
+        StoreEvent("links", "x", [], last=False),
+        StoreEvent("app", "y", None, last=True),
+    ]
+    assert await b.get("state", "x:u") is None
+
+
+async def test_a_store_that_missed_events_asks_for_a_reload(stores: Callable[..., Any]) -> None:
+    a: RedisStore = await stores()
+    b: RedisStore = await stores()
+    await b.load()
+    reloads: asyncio.Queue[None] = asyncio.Queue()
+    b.on_resync(lambda: reloads.put_nowait(None))
+    # b's event connection goes away unnoticed by it, then a commits: no event reaches b.
+    assert b._pubsub is not None
+    await b._pubsub.unsubscribe(b.channel)
+    await a.put("app", "a", APP)
+    # The revision poller sees the gap outlive one poll interval.
+    await asyncio.wait_for(reloads.get(), 5)
+    assert (await b.load())["app"] == {"a": APP}
+
+
+async def test_a_late_event_never_reverts_a_newer_value(stores: Callable[..., Any]) -> None:
+    a: RedisStore = await stores()
+    b: RedisStore = await stores()
+    await b.load()
+    queue, callback = collector()
+    b.watch(callback)
+    await a.put("current", "m", "1")
+    first = await asyncio.wait_for(queue.get(), 5)
+    assert first.value == "1"
+    await b.put("current", "m", "3")  # b's own, newer write
+    # An event of a's older commit, delivered late (revision 1 < b's write's revision 2):
+    op = {"kind": "current", "key": "m", "value": "2"}
+    b._dispatch(orjson.dumps({"origin": "someone", "db": 0, "rev": 1, "ops": [op]}))
+    assert queue.empty()
