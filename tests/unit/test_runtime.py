@@ -409,3 +409,33 @@ async def test_a_restart_leaves_other_frontends_changes_alone() -> None:
     await asyncio.gather(pending, return_exceptions=True)
     await other.reconciler.stop()
     await mine.reconciler.stop()
+
+
+async def test_a_version_deleted_and_registered_again_keeps_its_scheduler() -> None:
+    rt = await runtime()
+    await rt.control.register_model(version("1", n=0))
+    sched = rt.schedulers[("m", "1")]
+
+    def again(d: Registry) -> None:
+        d.delete_model_version("m", "1")
+
+    await rt.sync.commit(again)
+    # registered again before the reconciler's worker for it ran
+    await rt.control.register_model(version("1", n=0))
+    await settle(rt)
+    assert rt.schedulers[("m", "1")] is sched
+    assert cast(FakeScheduler, sched).closed is None
+
+
+async def test_changing_only_the_replica_count_keeps_the_batch_controllers() -> None:
+    rt = await runtime()
+    await rt.control.register_model(version("1", n=0))
+    reconfigured: list[ModelVersion] = []
+    sched = cast(FakeScheduler, rt.schedulers[("m", "1")])
+    sched.reconfigure = reconfigured.append  # type: ignore[method-assign]
+    await rt.control.scale("m", 3, "1", wait=False)
+    assert reconfigured == [] and sched.mv.num_replicas == 3
+    await rt.control.replace_model(
+        replace(sched.mv, batching=BatchingConfig(controller="fixed", max_batch_size=4))
+    )
+    assert [mv.batching.controller for mv in reconfigured] == ["fixed"]

@@ -109,12 +109,16 @@ class Reconciler:
                     self._retiring[key] = sched
             else:
                 mv = self.registry.models[change.name][change.version]
-                sched = self.schedulers.get(key)
+                # Deleted and registered again before its worker ran: the same scheduler
+                # (its replicas are still connected to it) serves the new registration.
+                sched = self.schedulers.get(key) or self._retiring.pop(key, None)
                 if sched is None:
                     sched = self._make_scheduler(mv, self.slo_for(mv.name))
-                    self.schedulers[key] = sched
-                elif sched.mv != mv:
-                    sched.reconfigure(mv)
+                elif sched.mv.batching != mv.batching:
+                    sched.reconfigure(mv)  # new batching: controllers start again
+                else:
+                    sched.mv = mv  # labels, replica count, keep: nothing to restart
+                self.schedulers[key] = sched
                 self._known[key] = mv
             self._mark(key)
         elif change.kind in ("version", "intent", "replicas"):
