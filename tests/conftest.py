@@ -1,11 +1,11 @@
 """Shared fixtures: a frontend driven in process through its routers, and one on real ports.
 
-``frontend`` yields an :class:`~tests.inprocess.InProcessFrontend`: ``.clipper`` (the started
-:class:`~clipper.server.Clipper`), ``.query`` and ``.admin`` (:class:`~tests.inprocess.RouterClient`
-over the routers of the query and admin ports)::
+``inproc_frontend`` yields an :class:`~tests.inprocess.InProcessFrontend`: ``.clipper`` (the
+started :class:`~clipper.server.Clipper`), ``.query`` and ``.admin``
+(:class:`~tests.inprocess.RouterClient` over the routers of the query and admin ports)::
 
-    async def test_health(frontend: InProcessFrontend) -> None:
-        resp = await frontend.query.get("/health")
+    async def test_health(inproc_frontend: InProcessFrontend) -> None:
+        resp = await inproc_frontend.query.get("/health")
         assert resp.status == 200
 
 For other settings (an admin token, a body limit), use
@@ -13,7 +13,8 @@ For other settings (an admin token, a body limit), use
 
 ``frontend_on_port_0`` yields a started :class:`Clipper` whose ports are real sockets (port 0,
 chosen by the OS): for tests that need a client on the wire (``c.query_url``, ``c.admin_url``).
-Both are per test and stop the frontend, and every process it started, afterwards.
+Both are per test and stop the frontend, and every process it started, afterwards. (Not named
+``frontend``: several integration modules define a ``frontend`` fixture of their own.)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.inprocess import InProcessFrontend, in_process_frontend
 
 
 @pytest_asyncio.fixture
-async def frontend() -> AsyncIterator[InProcessFrontend]:
+async def inproc_frontend() -> AsyncIterator[InProcessFrontend]:
     async with in_process_frontend() as fe:
         yield fe
 

@@ -44,10 +44,13 @@ async def admin_json(admin: RouterClient, route: str, doc: Any) -> Any:
     return json_of(await admin.post(f"/admin/{route}", json=doc))
 
 
-async def test_ping(frontend: InProcessFrontend) -> None:
-    assert text_of(await frontend.admin.get("/admin/ping")) == "PONG"
-    assert text_of(await frontend.admin.get("/admin/ping/")) == "PONG"
-    assert text_of(await frontend.admin.post("/admin/ping", json={}), 405) == "use GET /admin/ping"
+async def test_ping(inproc_frontend: InProcessFrontend) -> None:
+    assert text_of(await inproc_frontend.admin.get("/admin/ping")) == "PONG"
+    assert text_of(await inproc_frontend.admin.get("/admin/ping/")) == "PONG"
+    assert (
+        text_of(await inproc_frontend.admin.post("/admin/ping", json={}), 405)
+        == "use GET /admin/ping"
+    )
 
 
 async def test_bearer_token_is_required_when_configured() -> None:
@@ -65,14 +68,18 @@ async def test_bearer_token_is_required_when_configured() -> None:
         assert (await fe.query.get("/health")).status == 200
 
 
-async def test_no_token_configured_lets_every_request_in(frontend: InProcessFrontend) -> None:
-    assert frontend.clipper.config.admin_token is None
-    resp = await frontend.admin.get("/admin/ping", headers={"Authorization": "Bearer anything"})
+async def test_no_token_configured_lets_every_request_in(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    assert inproc_frontend.clipper.config.admin_token is None
+    resp = await inproc_frontend.admin.get(
+        "/admin/ping", headers={"Authorization": "Bearer anything"}
+    )
     assert text_of(resp) == "PONG"
 
 
-async def test_application_round_trip(frontend: InProcessFrontend) -> None:
-    admin, query = frontend.admin, frontend.query
+async def test_application_round_trip(inproc_frontend: InProcessFrontend) -> None:
+    admin, query = inproc_frontend.admin, inproc_frontend.query
     assert await admin_json(admin, "get_all_applications", {}) == []
     added = text_of(await admin.post("/admin/add_app", json=app_doc("rt", input_type="d")))
     assert added == "Successfully added application with name 'rt'"
@@ -105,8 +112,10 @@ async def test_application_round_trip(frontend: InProcessFrontend) -> None:
     assert text_of(again, 400) == "Application 'rt' does not exist"
 
 
-async def test_refused_operations_answer_400_with_the_reason(frontend: InProcessFrontend) -> None:
-    admin = frontend.admin
+async def test_refused_operations_answer_400_with_the_reason(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    admin = inproc_frontend.admin
     text_of(await admin.post("/admin/add_app", json=app_doc("dup")))
     dup = await admin.post("/admin/add_app", json=app_doc("dup"))
     assert text_of(dup, 400) == "application 'dup' already exists"
@@ -144,23 +153,23 @@ async def test_refused_operations_answer_400_with_the_reason(frontend: InProcess
     ],
 )
 async def test_schema_errors_name_the_field_and_the_schema(
-    frontend: InProcessFrontend, route: str, doc: Any, message: str
+    inproc_frontend: InProcessFrontend, route: str, doc: Any, message: str
 ) -> None:
-    text = text_of(await frontend.admin.post(f"/admin/{route}", json=doc), 400)
+    text = text_of(await inproc_frontend.admin.post(f"/admin/{route}", json=doc), 400)
     assert text.startswith(f"Error parsing JSON: {message}"), text
     assert text.endswith(f". Expected JSON schema: {SCHEMAS[route]}"), text
-    assert await admin_json(frontend.admin, "get_all_applications", {}) == []
+    assert await admin_json(inproc_frontend.admin, "get_all_applications", {}) == []
 
 
-async def test_malformed_json_names_the_schema(frontend: InProcessFrontend) -> None:
-    text = text_of(await frontend.admin.post("/admin/add_app", body=b"{not json"), 400)
+async def test_malformed_json_names_the_schema(inproc_frontend: InProcessFrontend) -> None:
+    text = text_of(await inproc_frontend.admin.post("/admin/add_app", body=b"{not json"), 400)
     assert text.startswith("Error parsing JSON: ")
     assert text.endswith(f"Expected JSON schema: {SCHEMAS['add_app']}")
 
 
 @pytest.mark.parametrize("route", ["add_app", "get_all_applications", "delete_app"])
-async def test_get_of_a_post_route_is_405(frontend: InProcessFrontend, route: str) -> None:
-    resp = await frontend.admin.get(f"/admin/{route}")
+async def test_get_of_a_post_route_is_405(inproc_frontend: InProcessFrontend, route: str) -> None:
+    resp = await inproc_frontend.admin.get(f"/admin/{route}")
     assert text_of(resp, 405) == f"use POST /admin/{route} with a JSON body"
 
 
@@ -168,8 +177,10 @@ async def test_get_of_a_post_route_is_405(frontend: InProcessFrontend, route: st
     ("method", "path"),
     [("POST", "/admin/no_such_route"), ("GET", "/admin/no_such_route"), ("GET", "/metrics")],
 )
-async def test_unknown_route_is_404(frontend: InProcessFrontend, method: str, path: str) -> None:
-    resp = await frontend.admin.request(method, path)
+async def test_unknown_route_is_404(
+    inproc_frontend: InProcessFrontend, method: str, path: str
+) -> None:
+    resp = await inproc_frontend.admin.request(method, path)
     assert (resp.status, resp.content_type) == (404, "application/json")
     doc = resp.json()
     assert doc["error"] == "Not found"

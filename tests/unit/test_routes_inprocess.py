@@ -72,34 +72,40 @@ def tensor(data: Any, shape: list[int], datatype: str = "FP64") -> dict[str, Any
 
 
 async def test_predict_without_a_linked_model_answers_the_default(
-    frontend: InProcessFrontend,
+    inproc_frontend: InProcessFrontend,
 ) -> None:
-    await lonely_app(frontend.clipper)
-    doc = json_of(await frontend.query.post("/lonely/predict", json={"input": [1.0]}))
+    await lonely_app(inproc_frontend.clipper)
+    doc = json_of(await inproc_frontend.query.post("/lonely/predict", json={"input": [1.0]}))
     assert set(doc) == {"query_id", "output", "default", "default_explanation"}
     assert type(doc["query_id"]) is int
     assert (doc["output"], doc["default"], doc["default_explanation"]) == (-1.0, True, NO_MODELS)
     batch = json_of(
-        await frontend.query.post("/lonely/predict/?trace=1", json={"input_batch": [[1.0], [2.0]]})
+        await inproc_frontend.query.post(
+            "/lonely/predict/?trace=1", json={"input_batch": [[1.0], [2.0]]}
+        )
     )
     assert [(p["output"], p["default"]) for p in batch["batch_predictions"]] == [(-1.0, True)] * 2
 
 
-async def test_default_follows_a_model_that_has_no_replica(frontend: InProcessFrontend) -> None:
-    await linked_without_replicas(frontend)
-    doc = json_of(await frontend.query.post("/waiting/predict", json={"input": [1.0]}))
+async def test_default_follows_a_model_that_has_no_replica(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    await linked_without_replicas(inproc_frontend)
+    doc = json_of(await inproc_frontend.query.post("/waiting/predict", json={"input": [1.0]}))
     assert (doc["default"], doc["default_explanation"]) == (True, NOT_CONNECTED)
 
 
-async def test_unknown_app_is_404(frontend: InProcessFrontend) -> None:
-    await lonely_app(frontend.clipper)
+async def test_unknown_app_is_404(inproc_frontend: InProcessFrontend) -> None:
+    await lonely_app(inproc_frontend.clipper)
     for verb in ("predict", "update"):
         doc = error_of(
-            await frontend.query.post(f"/no-such-app/{verb}", json={"input": [1.0]}), 404
+            await inproc_frontend.query.post(f"/no-such-app/{verb}", json={"input": [1.0]}), 404
         )
         assert doc["error"] == "Not found"
         assert "no application named 'no-such-app'" in doc["cause"], verb
-    doc = error_of(await frontend.query.post("/no-such-app/predict", json={"input": [1.0]}), 404)
+    doc = error_of(
+        await inproc_frontend.query.post("/no-such-app/predict", json={"input": [1.0]}), 404
+    )
     assert "registered applications: ['lonely']" in doc["cause"]
 
 
@@ -114,19 +120,21 @@ async def test_unknown_app_is_404(frontend: InProcessFrontend) -> None:
     ],
 )
 async def test_malformed_predict_body_is_400(
-    frontend: InProcessFrontend, body: bytes, cause: str
+    inproc_frontend: InProcessFrontend, body: bytes, cause: str
 ) -> None:
-    await lonely_app(frontend.clipper)
-    doc = error_of(await frontend.query.post("/lonely/predict", body=body), 400)
+    await lonely_app(inproc_frontend.clipper)
+    doc = error_of(await inproc_frontend.query.post("/lonely/predict", body=body), 400)
     assert doc["error"] == "Json error"
     assert cause in doc["cause"]
     # The app still answers afterwards.
-    assert json_of(await frontend.query.post("/lonely/predict", json={"input": [2.0]}))["default"]
+    assert json_of(await inproc_frontend.query.post("/lonely/predict", json={"input": [2.0]}))[
+        "default"
+    ]
 
 
-async def test_unknown_route_is_404(frontend: InProcessFrontend) -> None:
+async def test_unknown_route_is_404(inproc_frontend: InProcessFrontend) -> None:
     for method, path in (("POST", "/lonely/explode"), ("GET", "/lonely/predict"), ("GET", "/")):
-        doc = error_of(await frontend.query.request(method, path), 404)
+        doc = error_of(await inproc_frontend.query.request(method, path), 404)
         assert f"no route for {method} {path}" in doc["cause"]
         assert "expected POST /<app>/predict" in doc["cause"]
 
@@ -144,24 +152,24 @@ async def test_body_over_the_limit_is_413() -> None:
 
 
 @pytest.mark.parametrize("path", ["/health", "/healthz", "/health/live"])
-async def test_health(frontend: InProcessFrontend, path: str) -> None:
-    assert json_of(await frontend.query.get(path)) == {"status": "ok"}
+async def test_health(inproc_frontend: InProcessFrontend, path: str) -> None:
+    assert json_of(await inproc_frontend.query.get(path)) == {"status": "ok"}
 
 
-async def test_ready_lists_the_models_without_replicas(frontend: InProcessFrontend) -> None:
+async def test_ready_lists_the_models_without_replicas(inproc_frontend: InProcessFrontend) -> None:
     for path in ("/ready", "/health/ready"):
-        doc = json_of(await frontend.query.get(path))
+        doc = json_of(await inproc_frontend.query.get(path))
         assert doc == {"ready": True, "models_without_replicas": []}
-    assert (await frontend.query.get("/v2/health/ready")).status == 200
-    await linked_without_replicas(frontend)
+    assert (await inproc_frontend.query.get("/v2/health/ready")).status == 200
+    await linked_without_replicas(inproc_frontend)
     for path in ("/ready", "/health/ready"):
-        doc = json_of(await frontend.query.get(path), 503)
+        doc = json_of(await inproc_frontend.query.get(path), 503)
         assert doc == {"ready": False, "models_without_replicas": ["m:1"]}
-    v2 = await frontend.query.get("/v2/health/ready")
+    v2 = await inproc_frontend.query.get("/v2/health/ready")
     assert (v2.status, v2.body) == (503, b"")
     # Scaled to none wanted, nothing is missing.
-    await frontend.clipper.set_num_replicas("m", 0, wait=False)
-    assert json_of(await frontend.query.get("/ready"))["ready"] is True
+    await inproc_frontend.clipper.set_num_replicas("m", 0, wait=False)
+    assert json_of(await inproc_frontend.query.get("/ready"))["ready"] is True
 
 
 PROMETHEUS_ACCEPT = (
@@ -185,11 +193,11 @@ PROMETHEUS_ACCEPT = (
     ],
 )
 async def test_metrics_in_both_formats(
-    frontend: InProcessFrontend, path: str, accept: str | None, want_json: bool
+    inproc_frontend: InProcessFrontend, path: str, accept: str | None, want_json: bool
 ) -> None:
-    await lonely_app(frontend.clipper)
-    json_of(await frontend.query.post("/lonely/predict", json={"input": [1.0]}))
-    resp = await frontend.query.get(path, headers={"Accept": accept} if accept else None)
+    await lonely_app(inproc_frontend.clipper)
+    json_of(await inproc_frontend.query.post("/lonely/predict", json={"input": [1.0]}))
+    resp = await inproc_frontend.query.get(path, headers={"Accept": accept} if accept else None)
     assert resp.status == 200
     if want_json:
         doc = json_of(resp)
@@ -204,42 +212,46 @@ async def test_metrics_in_both_formats(
 # -- the Open Inference Protocol (V2) REST module, through the same router -----------------------
 
 
-async def test_v2_server_routes(frontend: InProcessFrontend) -> None:
-    live = await frontend.query.get("/v2/health/live")
+async def test_v2_server_routes(inproc_frontend: InProcessFrontend) -> None:
+    live = await inproc_frontend.query.get("/v2/health/live")
     assert (live.status, live.body, live.content_type) == (200, b"", "text/plain")
-    assert json_of(await frontend.query.get("/v2")) == {
+    assert json_of(await inproc_frontend.query.get("/v2")) == {
         "name": "clipper-serve",
         "version": clipper_pkg.__version__,
         "extensions": [],
     }
-    assert json_of(await frontend.query.get("/v2/")) == json_of(await frontend.query.get("/v2"))
+    assert json_of(await inproc_frontend.query.get("/v2/")) == json_of(
+        await inproc_frontend.query.get("/v2")
+    )
 
 
-async def test_v2_model_metadata_of_an_app(frontend: InProcessFrontend) -> None:
-    await lonely_app(frontend.clipper)
-    await frontend.clipper.register_application("words", "strings", "none", SLO_US)
-    assert json_of(await frontend.query.get("/v2/models/lonely")) == {
+async def test_v2_model_metadata_of_an_app(inproc_frontend: InProcessFrontend) -> None:
+    await lonely_app(inproc_frontend.clipper)
+    await inproc_frontend.clipper.register_application("words", "strings", "none", SLO_US)
+    assert json_of(await inproc_frontend.query.get("/v2/models/lonely")) == {
         "name": "lonely",
         "versions": [],
         "platform": "clipper-serve",
         "inputs": [{"name": "input", "datatype": "FP64", "shape": [-1, -1]}],
         "outputs": [{"name": "output", "datatype": "FP64", "shape": [-1, -1]}],
     }
-    words = json_of(await frontend.query.get("/v2/models/words"))
+    words = json_of(await inproc_frontend.query.get("/v2/models/words"))
     assert words["inputs"] == [{"name": "input", "datatype": "BYTES", "shape": [-1, -1]}]
     assert "no version '3'" in v2_error_of(
-        await frontend.query.get("/v2/models/lonely/versions/3"), 404
+        await inproc_frontend.query.get("/v2/models/lonely/versions/3"), 404
     )
     for path in ("/v2/models/nope", "/v2/models/nope/ready", "/v2/nothing"):
-        v2_error_of(await frontend.query.get(path), 404)
-    await linked_without_replicas(frontend)
-    assert json_of(await frontend.query.get("/v2/models/waiting"))["versions"] == ["1"]
+        v2_error_of(await inproc_frontend.query.get(path), 404)
+    await linked_without_replicas(inproc_frontend)
+    assert json_of(await inproc_frontend.query.get("/v2/models/waiting"))["versions"] == ["1"]
 
 
-async def test_v2_infer_answers_the_default_without_a_model(frontend: InProcessFrontend) -> None:
-    await lonely_app(frontend.clipper)
+async def test_v2_infer_answers_the_default_without_a_model(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    await lonely_app(inproc_frontend.clipper)
     doc = json_of(
-        await frontend.query.post(
+        await inproc_frontend.query.post(
             "/v2/models/lonely/infer", json={"id": "r1", "inputs": [tensor([[1.0], [2.0]], [2, 1])]}
         )
     )
@@ -285,11 +297,11 @@ async def test_v2_infer_answers_the_default_without_a_model(frontend: InProcessF
     ],
 )
 async def test_v2_infer_errors(
-    frontend: InProcessFrontend, path: str, body: Any, status: int, needle: str
+    inproc_frontend: InProcessFrontend, path: str, body: Any, status: int, needle: str
 ) -> None:
-    await lonely_app(frontend.clipper)
+    await lonely_app(inproc_frontend.clipper)
     data = body if isinstance(body, bytes) else orjson.dumps(body)
-    cause = v2_error_of(await frontend.query.post(path, body=data), status)
+    cause = v2_error_of(await inproc_frontend.query.post(path, body=data), status)
     assert needle in cause, cause
 
 
@@ -297,8 +309,10 @@ async def test_v2_infer_errors(
 
 
 @pytest.mark.integration
-async def test_a_deployed_model_answers_through_the_router(frontend: InProcessFrontend) -> None:
-    c = frontend.clipper
+async def test_a_deployed_model_answers_through_the_router(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    c = inproc_frontend.clipper
     async with asyncio.timeout(120):
         await c.deploy_model("sums", "1", models.row_sums, input_type="doubles")
         await c.register_application("doubles", "doubles", "-1.0", SLO_US)
