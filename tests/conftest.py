@@ -1,0 +1,39 @@
+"""Shared fixtures: a frontend driven in process through its routers, and one on real ports.
+
+``inproc_frontend`` yields an :class:`~tests.inprocess.InProcessFrontend`: ``.clipper`` (the
+started :class:`~clipper.server.Clipper`), ``.query`` and ``.admin``
+(:class:`~tests.inprocess.RouterClient` over the routers of the query and admin ports)::
+
+    async def test_health(inproc_frontend: InProcessFrontend) -> None:
+        resp = await inproc_frontend.query.get("/health")
+        assert resp.status == 200
+
+For other settings (an admin token, a body limit), use
+``async with in_process_frontend(admin_token="t") as fe:`` from :mod:`tests.inprocess`.
+
+``frontend_on_port_0`` yields a started :class:`Clipper` whose ports are real sockets (port 0,
+chosen by the OS): for tests that need a client on the wire (``c.query_url``, ``c.admin_url``).
+Both are per test and stop the frontend, and every process it started, afterwards. (Not named
+``frontend``: several integration modules define a ``frontend`` fixture of their own.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+
+from clipper.server import Clipper
+from tests.inprocess import InProcessFrontend, in_process_frontend
+
+
+@pytest_asyncio.fixture
+async def inproc_frontend() -> AsyncIterator[InProcessFrontend]:
+    async with in_process_frontend() as fe:
+        yield fe
+
+
+@pytest_asyncio.fixture
+async def frontend_on_port_0() -> AsyncIterator[Clipper]:
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0) as c:
+        yield c
