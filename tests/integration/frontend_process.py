@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from tests.integration.helpers import Response, pid_alive, post_json, request, wait_for
-from tests.integration.redis_server import free_port
+from tests.integration.redis_server import free_port, terminate
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -171,15 +171,8 @@ class FrontendProcess:
 
     def stop(self) -> None:
         """SIGTERM (a graceful stop), SIGKILL after 20 s."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if self.proc is not None:
+            terminate(self.proc, grace_s=20.0)
 
     def cleanup(self) -> None:
         """Stop the frontend; then kill, by PID, any replica of any of its past processes that

@@ -48,13 +48,19 @@ def start_redis() -> tuple[subprocess.Popen[bytes], int]:
     return proc, port
 
 
+def terminate(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM by PID, SIGKILL after ``grace_s``; returns once the process is reaped."""
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def stop_redis(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+    terminate(proc)
     if proc.stderr:
         proc.stderr.close()

@@ -34,7 +34,7 @@ import redis
 
 from tests.integration.frontend_process import FrontendProcess
 from tests.integration.helpers import Response, wait_for
-from tests.integration.redis_server import answers_ping, free_port
+from tests.integration.redis_server import answers_ping, free_port, terminate
 
 REDIS_SERVER = shutil.which("redis-server")
 REQUIRE_REDIS = bool(os.environ.get("CLIPPER_REQUIRE_REDIS"))
@@ -98,15 +98,8 @@ class DurableRedis:
         proc.wait()
 
     def stop(self) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if self.proc is not None:
+            terminate(self.proc)
 
     def log_tail(self) -> str:
         try:
