@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from clipper.registry import Records, Registry
+from clipper.registry import GONE, Records, Registry
 from clipper.store.base import (
     CONFIG_KINDS,
     Delete,
@@ -33,7 +33,7 @@ from clipper.store.base import (
     StoreEvent,
 )
 
-__all__ = ["StoreSync", "apply_ops", "diff_records"]
+__all__ = ["StoreSync", "apply_ops", "delta_of", "diff_records", "diff_registries"]
 
 log = logging.getLogger("clipper.store")
 
@@ -55,19 +55,62 @@ def diff_records(before: Records, after: Records) -> list[Op]:
     return ops
 
 
+def diff_registries(before: Registry, after: Registry) -> list[Op]:
+    """The store operations that turn ``before`` into its draft ``after`` (a
+    :meth:`Registry.copy` then changed). Unchanged entries are the same objects in both, so
+    only what changed is turned into records: a change costs the same however much is
+    registered."""
+    ops: list[Op] = []
+    for name, app in after.apps.items():
+        if before.apps.get(name) is not app:
+            ops.append(Put("app", name, app.to_record()))
+    ops.extend(Delete("app", name) for name in before.apps if name not in after.apps)
+    for name, versions in after.models.items():
+        old_versions = before.models.get(name, {})
+        for version, mv in versions.items():
+            if old_versions.get(version) is not mv:
+                ops.append(Put("model", f"{name}:{version}", mv.to_record()))
+    for name, versions in before.models.items():
+        kept = after.models.get(name, {})
+        ops.extend(Delete("model", f"{name}:{v}") for v in versions if v not in kept)
+    for name, version in after.current.items():
+        if before.current.get(name) != version:
+            ops.append(Put("current", name, version))
+    ops.extend(Delete("current", name) for name in before.current if name not in after.current)
+    for app_name, models in after.links.items():
+        if before.links.get(app_name) != models:
+            ops.append(Put("links", app_name, list(models)))
+    ops.extend(Delete("links", name) for name in before.links if name not in after.links)
+    for name, intent in after.intents.items():
+        if before.intents.get(name) != intent:
+            ops.append(Put("intent", name, intent.to_record()))
+    ops.extend(Delete("intent", name) for name in before.intents if name not in after.intents)
+    return ops
+
+
+def delta_of(ops: Sequence[Op | StoreEvent]) -> Records:
+    """Store operations as a registry delta (:meth:`Registry.apply_delta`), configuration
+    kinds only; a later operation on a key wins."""
+    delta: Records = {kind: {} for kind in CONFIG_KINDS}
+    for op in ops:
+        if op.kind not in delta or isinstance(op, DeletePrefix):
+            continue  # prefix deletions are of selection states, never configuration
+        if isinstance(op, Delete) or (isinstance(op, StoreEvent) and op.value is None):
+            delta[op.kind][op.key] = GONE
+        else:
+            delta[op.kind][op.key] = op.value
+    return delta
+
+
 def apply_ops(records: Records, ops: Sequence[Op | StoreEvent]) -> Records:
     """``records`` with ``ops`` applied (configuration kinds only); ``records`` is not changed."""
     out: Records = {kind: dict(records.get(kind, {})) for kind in CONFIG_KINDS}
-    for op in ops:
-        if op.kind not in out:
-            continue
-        if isinstance(op, DeletePrefix):
-            for key in [k for k in out[op.kind] if k.startswith(op.prefix)]:
-                del out[op.kind][key]
-        elif isinstance(op, Delete) or (isinstance(op, StoreEvent) and op.value is None):
-            out[op.kind].pop(op.key, None)
-        else:
-            out[op.kind][op.key] = op.value
+    for kind, changed in delta_of(ops).items():
+        for key, value in changed.items():
+            if value is GONE:
+                out[kind].pop(key, None)
+            else:
+                out[kind][key] = value
     return out
 
 
@@ -113,12 +156,12 @@ class StoreSync:
         async with self.lock:
             draft = self.registry.copy()
             result = mutate(draft)
-            ops = diff_records(self.registry.records(), draft.records()) + list(extra)
+            ops = diff_registries(self.registry, draft) + list(extra)
             if ops:
                 await self.store.commit(ops)
-                # Applied to the registry as it is now: an event from another frontend may
-                # have landed while the commit was in flight, and must not be undone.
-                self.registry.apply_snapshot(apply_ops(self.registry.records(), ops))
+                # Applied as a delta to the registry as it is now: an event from another
+                # frontend may have landed while the commit was in flight, and stays.
+                self.registry.apply_delta(delta_of(ops))
             return result
 
     def write_state(self, key: str, value: Any) -> None:
@@ -148,7 +191,7 @@ class StoreSync:
         if not event.last:
             return  # the rest of the commit follows
         ops, self._pending = self._pending, []
-        self.registry.apply_snapshot(apply_ops(self.registry.records(), ops))
+        self.registry.apply_delta(delta_of(ops))
 
     def request_reload(self) -> None:
         """Load the snapshot again and apply the difference (events may have been missed)."""

@@ -22,12 +22,22 @@ from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
 
-__all__ = ["Application", "Change", "Intent", "ModelVersion", "Registry", "embed_output"]
+__all__ = [
+    "GONE",
+    "Application",
+    "Change",
+    "Intent",
+    "ModelVersion",
+    "Registry",
+    "embed_output",
+]
 
 log = logging.getLogger("clipper.registry")
 
 # Snapshot of the registry as store records: kind -> key -> JSON value.
 Records = dict[str, dict[str, Any]]
+# In a delta (Registry.apply_delta): the key was deleted.
+GONE: Any = type("Gone", (), {"__repr__": lambda self: "GONE"})()
 
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
 
@@ -282,32 +292,44 @@ class Registry:
         }
 
     def apply_snapshot(self, target: Records) -> list[Change]:
-        """Make the registry equal to ``target`` (store records), announcing each difference.
+        """Make the registry equal to ``target`` (store records), announcing each difference
+        (see :meth:`apply_delta`)."""
+        before = self.records()
+        delta: Records = {}
+        for kind, old in before.items():
+            new = target.get(kind, {})
+            changed = {key: value for key, value in new.items() if old.get(key, GONE) != value}
+            changed.update({key: GONE for key in old if key not in new})
+            delta[kind] = changed
+        return self.apply_delta(delta)
+
+    def apply_delta(self, delta: Records) -> list[Change]:
+        """Apply store records that changed (kind -> key -> record, or :data:`GONE` for a
+        deleted key), announcing each difference; only the keys named are looked at, so a
+        change costs the same however much is registered.
 
         Additions go in dependency order (applications, models, current versions, links) and
         removals in reverse, so every listener sees a consistent registry. A record that does
         not parse is skipped with a warning: one bad record must not stop a frontend."""
-        before = self.records()
         changes: list[Change] = []
-        apps = _parsed(target.get("app", {}), Application.from_record)
-        models = _parsed(target.get("model", {}), ModelVersion.from_record)
-        intents = _parsed(target.get("intent", {}), Intent.from_record)
-        for name, app in apps.items():
+        puts = {kind: {k: v for k, v in d.items() if v is not GONE} for kind, d in delta.items()}
+        gone = {kind: [k for k, v in d.items() if v is GONE] for kind, d in delta.items()}
+        for name, app in _parsed(puts.get("app", {}), Application.from_record).items():
             old = self.apps.get(name)
             if old is not None and old.input_type is not app.input_type:
                 self._drop_app(name, changes)  # an input type never changes in place
                 old = None
-            if old is None or before["app"].get(name) != target["app"][name]:
+            if old is None or old.to_record() != puts["app"][name]:
                 self.apps[name] = app
                 self.links.setdefault(name, [])
                 changes.append(Change("app", "add" if old is None else "update", name))
-        for key, mv in models.items():
-            old_record = before["model"].get(key)
-            if old_record != target["model"][key]:
+        for key, mv in _parsed(puts.get("model", {}), ModelVersion.from_record).items():
+            was = self.models.get(mv.name, {}).get(mv.version)
+            if was is None or was.to_record() != puts["model"][key]:
                 self.models.setdefault(mv.name, {})[mv.version] = mv
-                op: Literal["add", "update"] = "add" if old_record is None else "update"
+                op: Literal["add", "update"] = "add" if was is None else "update"
                 changes.append(Change("model", op, mv.name, mv.version))
-        for name, version in target.get("current", {}).items():
+        for name, version in puts.get("current", {}).items():
             if (
                 isinstance(version, str)
                 and version in self.models.get(name, {})
@@ -315,7 +337,7 @@ class Registry:
             ):
                 self.current[name] = version
                 changes.append(Change("version", "update", name, version))
-        for app_name, wanted in target.get("links", {}).items():
+        for app_name, wanted in puts.get("links", {}).items():
             if (
                 app_name in self.apps
                 and isinstance(wanted, list)
@@ -323,27 +345,34 @@ class Registry:
             ):
                 self.links[app_name] = [str(m) for m in wanted]
                 changes.append(Change("link", "update", app_name))
-        for name, intent in intents.items():
+        for name, intent in _parsed(puts.get("intent", {}), Intent.from_record).items():
             if self.intents.get(name) != intent:
                 op = "add" if name not in self.intents else "update"
                 self.intents[name] = intent
                 changes.append(Change("intent", op, name, intent.version))
-        for name in [n for n in self.intents if n not in intents]:
-            gone = self.intents.pop(name)
-            changes.append(Change("intent", "delete", name, gone.version))
-        for name in [n for n in self.current if n not in target.get("current", {})]:
-            del self.current[name]
-            changes.append(Change("version", "delete", name))
-        for key in [k for k in before["model"] if k not in models]:
+        for name in gone.get("intent", []):
+            if name in self.intents:
+                ended = self.intents.pop(name)
+                changes.append(Change("intent", "delete", name, ended.version))
+        dropped = [n for n in gone.get("current", []) if self.current.pop(n, None) is not None]
+        changes.extend(Change("version", "delete", name) for name in dropped)
+        for key in gone.get("model", []):
             name, _, version = key.partition(":")
+            if version not in self.models.get(name, {}):
+                continue
             del self.models[name][version]
             if not self.models[name]:
                 del self.models[name]
             if self.current.get(name) == version:
                 del self.current[name]
             changes.append(Change("model", "delete", name, version))
-        for name in [n for n in self.apps if n not in apps]:
-            self._drop_app(name, changes)
+        for app_name in gone.get("links", []):
+            if self.links.get(app_name) and app_name not in gone.get("app", []):
+                self.links[app_name] = []
+                changes.append(Change("link", "update", app_name))
+        for name in gone.get("app", []):
+            if name in self.apps:
+                self._drop_app(name, changes)
         for change in changes:
             self._emit(change)
         return changes

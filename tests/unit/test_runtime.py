@@ -439,3 +439,27 @@ async def test_changing_only_the_replica_count_keeps_the_batch_controllers() -> 
         replace(sched.mv, batching=BatchingConfig(controller="fixed", max_batch_size=4))
     )
     assert [mv.batching.controller for mv in reconfigured] == ["fixed"]
+
+
+async def test_a_commit_touches_only_what_it_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admin calls must not slow down as applications accumulate: a commit turns only the
+    changed entries into records, and parses only those back."""
+    rt = await runtime()
+    for i in range(200):
+        await rt.control.add_app(app(f"app-{i}"))
+    calls = {"to_record": 0, "from_record": 0}
+    to_record, from_record = Application.to_record, Application.from_record.__func__  # type: ignore[attr-defined]
+
+    def counting_to(self: Application) -> dict[str, Any]:
+        calls["to_record"] += 1
+        return to_record(self)
+
+    def counting_from(cls: type[Application], r: dict[str, Any]) -> Application:
+        calls["from_record"] += 1
+        return from_record(cls, r)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Application, "to_record", counting_to)
+    monkeypatch.setattr(Application, "from_record", classmethod(counting_from))
+    await rt.control.update_app("app-7", latency_slo_micros=9_000)
+    await rt.control.add_app(app("one-more"))
+    assert calls["to_record"] <= 6 and calls["from_record"] <= 2, calls
