@@ -108,12 +108,19 @@ def _wait_port(port: int, timeout_s: float) -> None:
             time.sleep(0.05)
 
 
+def is_ready_line(line: str) -> bool:
+    """``serve.py`` and ``bare_server.py`` print ``ready``; ``clipper start`` prints
+    ``clipper-serve ready: query API at ...``."""
+    text = line.strip()
+    return text == "ready" or text.startswith("clipper-serve ready")
+
+
 def _pump(src: TextIO, dst: TextIO, first: list[str], ready: threading.Event) -> None:
     seen = False
     for line in src:
         dst.write(line)
         dst.flush()
-        if not seen and line.strip() == "ready":
+        if not seen and is_ready_line(line):
             seen = True
             ready.set()
         if not seen:
