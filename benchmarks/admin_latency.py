@@ -192,8 +192,13 @@ def stats(lat_ns: Sequence[int], wall_s: float) -> dict[str, float]:
     def pct(q: float) -> float:  # nearest rank
         return xs[max(0, math.ceil(q * n) - 1)] / 1e6 if n else float("nan")
 
+    # In call order (sequential mode): does a call get slower as the registry grows?
+    tenth = max(1, len(lat_ns) // 10)
+    first, last = sorted(lat_ns[:tenth]), sorted(lat_ns[-tenth:])
     return {
         "n": n,
+        "first_tenth_p50_ms": first[len(first) // 2] / 1e6 if n else float("nan"),
+        "last_tenth_p50_ms": last[len(last) // 2] / 1e6 if n else float("nan"),
         "mean_ms": sum(xs) / n / 1e6 if n else float("nan"),
         "p50_ms": pct(0.50),
         "p90_ms": pct(0.90),
@@ -368,17 +373,21 @@ def render_markdown(results: dict[str, Any], heading: str = "##") -> str:
         "",
         f"{st['calls']} calls per operation, sequential (1 client) and concurrent "
         f"({st['concurrency']} clients); {st['connections']}; latency in ms, client-side; "
-        f"stores interleaved per operation; warm-up {st['warmup']} calls per op discarded.",
+        f"stores interleaved per operation; warm-up {st['warmup']} calls per op discarded. "
+        "`p50 first / last 10%`: the median of the first and of the last tenth of the calls "
+        "(in call order in the sequential mode): whether a call slows as the registry grows.",
         "",
-        "| store | mode | op | p50 | p90 | p99 | max | calls/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| store | mode | op | p50 | p90 | p99 | max | calls/s | p50 first / last 10% |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for store, modes in pts.items():
         for mode, ops in modes.items():
             for op, v in ops.items():
                 lines.append(
                     f"| {store} | {mode} | {op} | {v['p50_ms']:.2f} | {v['p90_ms']:.2f} | "
-                    f"{v['p99_ms']:.2f} | {v['max_ms']:.2f} | {v['calls_per_s']:,.0f} |"
+                    f"{v['p99_ms']:.2f} | {v['max_ms']:.2f} | {v['calls_per_s']:,.0f} | "
+                    f"{v.get('first_tenth_p50_ms', math.nan):.2f} / "
+                    f"{v.get('last_tenth_p50_ms', math.nan):.2f} |"
                 )
     base = pts.get("memory")
     durable = [x for x in pts if x != "memory"]
