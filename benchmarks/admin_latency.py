@@ -2,7 +2,7 @@
 change is committed to the config store (SQLite: WAL, ``synchronous=FULL``, one transaction per
 change; Redis: MULTI/EXEC).
 
-    python benchmarks/admin_latency.py                        # sqlite vs memory, 500 calls each
+    python benchmarks/admin_latency.py                        # sqlite vs memory, 100 calls each
     python benchmarks/admin_latency.py --calls 300 --concurrency 8 --redis
     python benchmarks/admin_latency.py --redis-url redis://127.0.0.1:6379/0 --json
 
@@ -65,7 +65,7 @@ P99_TARGET_MS = 10.0
 
 @dataclass
 class Settings:
-    calls: int = 500
+    calls: int = 100
     concurrency: int = 8
     warmup: int = 20
     stores: tuple[str, ...] = ("sqlite", "memory")
@@ -423,7 +423,7 @@ def render_markdown(results: dict[str, Any], heading: str = "##") -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--calls", type=int, default=500, help="calls per operation and mode")
+    p.add_argument("--calls", type=int, default=100, help="calls per operation and mode")
     p.add_argument("--concurrency", type=int, default=8, help="clients in the concurrent mode")
     p.add_argument("--warmup", type=int, default=20, help="discarded calls per op and store")
     p.add_argument("--no-memory", action="store_true", help="skip the memory:// baseline")

@@ -68,7 +68,7 @@ class Config:
     warmup_s: float = 1.0
     wrk_threads: int = 1
     ready_timeout_s: float = 120.0
-    admin_calls: int = 500
+    admin_calls: int = 100
     admin_concurrency: int = 8
 
     @property
@@ -743,7 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         cfg.duration, cfg.search_step_s, cfg.search_bisect, cfg.search_max_steps = 2, 1.5, 2, 7
         cfg.warmup_s = 0.5
-        cfg.admin_calls = 100
+        cfg.admin_calls = 30
     if args.duration is not None:
         cfg.duration = args.duration
         cfg.search_step_s = min(cfg.search_step_s, max(1.0, args.duration / 3))
