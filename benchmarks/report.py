@@ -14,6 +14,8 @@ c. clipper-serve + logreg (digits, 64 doubles) at the SLO: unbatched vs aimd vs 
    p99 < SLO (the paper's Fig. 4); then aimd at 90% of its max sustainable rate.
 d. aimd on logreg with batch wait 0..4 ms under an open loop at 60% of aimd's peak:
    throughput, mean/p99 latency, mean batch size from ``/metrics`` (the paper's Fig. 5).
+e. the admin plane (:mod:`admin_latency`): mutating admin calls against ``clipper start`` with
+   its SQLite store vs ``memory://``, sequential and concurrent; target p99 < 10 ms on SQLite.
 
 Results go to ``benchmarks/results/<timestamp>/`` (report.md, results.json, server logs).
 """
@@ -66,6 +68,8 @@ class Config:
     warmup_s: float = 1.0
     wrk_threads: int = 1
     ready_timeout_s: float = 120.0
+    admin_calls: int = 100
+    admin_concurrency: int = 8
 
     @property
     def slo_us(self) -> float:
@@ -108,12 +112,19 @@ def _wait_port(port: int, timeout_s: float) -> None:
             time.sleep(0.05)
 
 
+def is_ready_line(line: str) -> bool:
+    """``serve.py`` and ``bare_server.py`` print ``ready``; ``clipper start`` prints
+    ``clipper-serve ready: query API at ...``."""
+    text = line.strip()
+    return text == "ready" or text.startswith("clipper-serve ready")
+
+
 def _pump(src: TextIO, dst: TextIO, first: list[str], ready: threading.Event) -> None:
     seen = False
     for line in src:
         dst.write(line)
         dst.flush()
-        if not seen and line.strip() == "ready":
+        if not seen and is_ready_line(line):
             seen = True
             ready.set()
         if not seen:
@@ -437,11 +448,20 @@ def scenario_d(run: Run) -> None:
             run.failures[f"d/{wait:g}"] = traceback.format_exc()
 
 
+def scenario_e(run: Run) -> None:
+    import admin_latency
+
+    s = admin_latency.Settings(calls=run.cfg.admin_calls, concurrency=run.cfg.admin_concurrency)
+    run.log(f"(e) admin plane: {s.calls} calls per op, sqlite vs memory://")
+    run.results["e"] = admin_latency.measure(s, run)
+
+
 SCENARIOS: dict[str, Callable[[Run], None]] = {
     "a": scenario_a,
     "b": scenario_b,
     "c": scenario_c,
     "d": scenario_d,
+    "e": scenario_e,
 }
 
 
@@ -526,6 +546,15 @@ def targets(run: Run) -> list[tuple[str, str, str]]:
         )
     else:
         rows.append(("p99 < SLO at 90% of aimd peak", "not measured", "n/a"))
+    seq = r.get("e", {}).get("verdict", {}).get("sequential")
+    if seq:
+        rows.append(
+            (
+                "admin calls p99 < 10 ms on SQLite (sequential, every op)",
+                f"worst {seq['worst_op']} p99 {seq['worst_p99_ms']:.2f} ms",
+                _verdict(seq["pass"]),
+            )
+        )
     return rows
 
 
@@ -639,6 +668,10 @@ def render(run: Run, started: str, elapsed_s: float) -> str:
             "`client lag` = how late the open-loop client sent (included in the latency); "
             "if it is a sizeable part of p99, the client, not the server, was the limit.",
         ]
+    if r.get("e", {}).get("points"):
+        import admin_latency
+
+        lines += ["", admin_latency.render_markdown(r["e"], heading="## (e)").rstrip()]
     if run.failures:
         lines += ["", "## Failures", ""]
         for k, tb in run.failures.items():
@@ -693,7 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--duration", type=float, default=None, help="seconds per point (10)")
     p.add_argument("--quick", action="store_true", help="short points: a smoke run")
-    p.add_argument("--only", default="a,b,c,d", help="comma-separated scenarios (a,b,c,d)")
+    p.add_argument("--only", default="a,b,c,d,e", help="comma-separated scenarios (a..e)")
     p.add_argument("--concurrency", type=int, default=64, help="closed loop connections")
     p.add_argument("--slo-ms", type=float, default=20.0)
     p.add_argument("--fixed-batch", type=int, default=32, help="batch size of 'fixed'")
@@ -710,13 +743,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         cfg.duration, cfg.search_step_s, cfg.search_bisect, cfg.search_max_steps = 2, 1.5, 2, 7
         cfg.warmup_s = 0.5
+        cfg.admin_calls = 30
     if args.duration is not None:
         cfg.duration = args.duration
         cfg.search_step_s = min(cfg.search_step_s, max(1.0, args.duration / 3))
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SCENARIOS]
     if unknown:
-        p.error(f"unknown scenarios {unknown}; choose from a,b,c,d")
+        p.error(f"unknown scenarios {unknown}; choose from {','.join(SCENARIOS)}")
 
     started = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = args.out / started
