@@ -95,9 +95,18 @@ class Reconciler:
         return mv.num_replicas
 
     def slo_for(self, model: str) -> float:
-        r = self.registry
-        slos = [r.apps[a].slo_s for a, names in r.links.items() if model in names and a in r.apps]
-        return min(slos) if slos else _UNLINKED_SLO_S
+        return self._slos().get(model, _UNLINKED_SLO_S)
+
+    def _slos(self) -> dict[str, float]:
+        """Each linked model's tightest SLO among the applications it serves."""
+        out: dict[str, float] = {}
+        for app_name, names in self.registry.links.items():
+            app = self.registry.apps.get(app_name)
+            if app is None:
+                continue
+            for name in names:
+                out[name] = min(out.get(name, app.slo_s), app.slo_s)
+        return out
 
     # -- registry events -----------------------------------------------------------------------
     def on_change(self, change: Change) -> None:
@@ -128,9 +137,10 @@ class Reconciler:
                 self._mark((change.name, change.version))
         elif change.kind in ("link", "app"):
             # Links and SLOs changed: every model's target follows its tightest linked SLO
-            # (an unlinked model included). There are few schedulers; recompute them all.
+            # (an unlinked model included): one pass over the links, one over the schedulers.
+            slos = self._slos()
             for (name, _), sched in self.schedulers.items():
-                sched.set_slo(self.slo_for(name))
+                sched.set_slo(slos.get(name, _UNLINKED_SLO_S))
             if change.kind == "app" and change.op == "delete":
                 self._on_app_deleted(change.name)
 
