@@ -1,10 +1,12 @@
+from collections.abc import Sequence
+
 import pytest
 
 from clipper import ClipperThread, RequestError
 
 
-def double_all(xs: object) -> list[float]:
-    return [float(x[0]) * 2 for x in xs]  # type: ignore[attr-defined,index]
+def double_all(xs: Sequence[Sequence[float]]) -> list[float]:
+    return [float(x[0]) * 2 for x in xs]
 
 
 def test_clipper_thread_serves_from_blocking_code() -> None:

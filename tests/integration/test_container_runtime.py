@@ -305,16 +305,17 @@ def test_sigterm_exits_zero(
 def test_exits_when_parent_is_gone(
     frontend: MockFrontend, start_container: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
-    parent = subprocess.Popen(
+    # The with block closes the parent's stdin pipe (unclosed, it is a ResourceWarning).
+    with subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
-    )
-    try:
-        proc = start_container(_sum_model, "--parent-pid", str(parent.pid))
-        frontend.register()
-        assert proc.poll() is None
-    finally:
-        parent.kill()
-        parent.wait(TIMEOUT_S)  # reaped, so kill(pid, 0) fails in the container
+    ) as parent:
+        try:
+            proc = start_container(_sum_model, "--parent-pid", str(parent.pid))
+            frontend.register()
+            assert proc.poll() is None
+        finally:
+            parent.kill()
+            parent.wait(TIMEOUT_S)  # reaped, so kill(pid, 0) fails in the container
     assert proc.wait(TIMEOUT_S) == 0
 
 

@@ -44,9 +44,17 @@ INPUT_TYPES = ("doubles", "integers", "floats", "strings", "bytes")
 SETTINGS = ("input_type", "default_output", "latency_slo_micros")
 ORPHAN_GRACE_S = 10.0  # a replica polls its parent every 0.1 s; 10 s is a generous bound
 
+
+def round_timeout(rounds: int) -> pytest.MarkDecorator:
+    """A per-test timeout that grows with the round count: the slowest test takes about 4.5 s
+    a round here, so 15 s a round leaves room for a loaded CI machine; never below the
+    suite's default (pyproject's ``timeout``)."""
+    return pytest.mark.timeout(max(120, 15 * rounds))
+
+
 ROUND_PARAMS = [
-    pytest.param(ROUNDS, id="rounds"),
-    pytest.param(LONG_ROUNDS, id="long", marks=pytest.mark.kill),
+    pytest.param(ROUNDS, id="rounds", marks=round_timeout(ROUNDS)),
+    pytest.param(LONG_ROUNDS, id="long", marks=[pytest.mark.kill, round_timeout(LONG_ROUNDS)]),
 ]
 
 

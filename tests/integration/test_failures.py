@@ -15,7 +15,7 @@ import pytest
 from clipper import BatchingConfig, Clipper, RegistryError
 from clipper.batching.scheduler import Replica
 from clipper.frontend.query import NO_MODELS, SLO_MISSED
-from clipper.managers.local import ReplicaProcess
+from clipper.managers.base import ReplicaStatus
 from tests.integration import models
 from tests.integration.helpers import Response, pid_alive, predict, predict_ok, request, wait_for
 
@@ -112,7 +112,7 @@ async def test_replica_killed_under_load_loses_no_query_and_is_restarted() -> No
                 if len(results) >= kill_after:
                     midway.set()
 
-        killed: list[tuple[ReplicaProcess, int, Replica, int]] = []
+        killed: list[tuple[ReplicaStatus, int, Replica, int]] = []
 
         async def killer() -> None:
             await midway.wait()

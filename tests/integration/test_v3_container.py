@@ -313,10 +313,12 @@ async def test_incompatible_containers_are_not_registered(
     unknown = containers(c.rpc.port, "nobody", "1", CODE_DOUBLES, doubles_model)
     # Refused metadata leaves the identity unknown: each heartbeat asks for metadata again.
     for container in (wrong_type, wrong_rpc, unknown):
+
+        def asked_again(container: V3Container = container) -> bool:
+            return container.heartbeat_replies.count(REQUEST_CONTAINER_METADATA) >= 3
+
         await wait_for(
-            lambda container=container: (
-                container.heartbeat_replies.count(REQUEST_CONTAINER_METADATA) >= 3
-            ),
+            asked_again,
             limit_s=10,
             what="repeated metadata requests",
         )

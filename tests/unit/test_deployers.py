@@ -201,10 +201,12 @@ def test_torch_round_trip_as_torchscript(tmp_path: Path, digits: tuple[Any, Any]
 def test_torch_module_that_cannot_be_scripted_is_pickled(
     tmp_path: Path, digits: tuple[Any, Any]
 ) -> None:
-    torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
+    pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
     net = _torch_mlp(digits)
 
-    class VarArgs(torch.nn.Module):  # type: ignore[misc]
+    from torch import nn
+
+    class VarArgs(nn.Module):
         def __init__(self, inner: Any) -> None:
             super().__init__()
             self.inner = inner
