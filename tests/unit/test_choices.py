@@ -78,11 +78,10 @@ def test_input_types_follow_the_table() -> None:
 
 
 def test_the_literals_elsewhere_are_the_tables() -> None:
-    # registry.py and server.py keep their own spelling of the overload Literal (owned elsewhere):
-    # this keeps them equal to the table until they import it.
     from clipper import config, registry
 
-    assert typing.get_args(registry.Overload) == OVERLOAD.names
+    hints = typing.get_type_hints(registry.Application)
+    assert typing.get_args(hints["overload"]) == OVERLOAD.names
     assert config.Controller is choices.Controller
     hints = typing.get_type_hints(config.FrontendConfig)
     assert typing.get_args(hints["cache_policy"]) == CACHE_POLICIES.names

@@ -432,7 +432,7 @@ async def test_changing_only_the_replica_count_keeps_the_batch_controllers() -> 
     await rt.control.register_model(version("1", n=0))
     reconfigured: list[ModelVersion] = []
     sched = cast(FakeScheduler, rt.schedulers[("m", "1")])
-    sched.reconfigure = reconfigured.append  # type: ignore[method-assign]
+    sched.reconfigure = reconfigured.append  # type: ignore[method-assign,assignment]
     await rt.control.scale("m", 3, "1", wait=False)
     assert reconfigured == [] and sched.mv.num_replicas == 3
     await rt.control.replace_model(
