@@ -1,5 +1,7 @@
-"""Acknowledged means durable: SIGKILL a real ``clipper start`` frontend (SQLite store in its
-state directory) around admin calls, restart it on the same state directory, and check.
+"""Acknowledged means durable: SIGKILL a real ``clipper start`` frontend around admin calls,
+restart it on the same state directory, and check. Every test runs on both stores: SQLite in the
+state directory, and a real ``redis-server`` started by this module (skipped without one unless
+``CLIPPER_REQUIRE_REDIS`` is set).
 
 Contract:
 
@@ -24,6 +26,7 @@ import random
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,7 @@ import pytest
 from tests.integration import models
 from tests.integration.frontend_process import FrontendProcess, container_pids, live
 from tests.integration.helpers import Response, wait_for
+from tests.integration.redis_server import REDIS_SERVER, start_redis, stop_redis
 
 pytestmark = pytest.mark.integration
 
@@ -76,9 +80,26 @@ def seed() -> int:
     return int(os.environ.get("CLIPPER_KILL_SEED") or random.SystemRandom().randrange(2**32))
 
 
-@pytest.fixture
-def frontend(tmp_path: Path) -> Iterator[FrontendProcess]:
-    fe = FrontendProcess(tmp_path / "state")
+@pytest.fixture(scope="module")
+def redis_port() -> Iterator[int]:
+    if REDIS_SERVER is None:
+        if os.environ.get("CLIPPER_REQUIRE_REDIS"):
+            pytest.fail("redis-server is required (CLIPPER_REQUIRE_REDIS) and not installed")
+        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
+    proc, port = start_redis()
+    try:
+        yield port
+    finally:
+        stop_redis(proc)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def frontend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FrontendProcess]:
+    store = None  # the CLI's default: SQLite in the state directory
+    if request.param == "redis":
+        port: int = request.getfixturevalue("redis_port")
+        store = f"redis://127.0.0.1:{port}/0?prefix=t{uuid.uuid4().hex[:8]}"
+    fe = FrontendProcess(tmp_path / "state", store=store)
     try:
         yield fe
     finally:
