@@ -305,7 +305,7 @@ def _infer(  # noqa: PLR0917
     respond: Respond,
 ) -> None:
     request = parse_infer(headers, body)
-    payloads = input_payloads(app, request.inputs)
+    payloads = input_payloads(app, request.inputs, svc.processor.max_items)
     model_version = resolve_version(svc.catalog.registry, app, version)
     reply = _V2Reply(respond, app.name, model_version, request)
     processor = svc.processor
