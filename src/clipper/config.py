@@ -99,6 +99,40 @@ class FrontendConfig:
     rpc_host: str = field(default="127.0.0.1", metadata=cli("container RPC address"))
     rpc_port: int = field(default=7000, metadata=cli("container RPC port"))
     max_body_bytes: int = field(default=10 * 2**20, metadata=cli("larger request bodies get 413"))
+    # One request's parse and enqueue holds the event loop ~4 us per item on the reference
+    # machine (benchmarks/request_size.py): 1,000 items ~4 ms, well under a 20 ms SLO;
+    # 100,000 held it 0.7 s and every other client with it.
+    max_items_per_request: int = field(
+        default=1000,
+        metadata=cli("more input_batch items (or V2 batch rows) in one request get 413"),
+    )
+    # Connection hygiene, as nginx's and uvicorn's defaults (docs/query-api.md, "Limits").
+    max_header_bytes: int = field(
+        default=32 * 1024, metadata=cli("request line and headers over this many bytes get 431")
+    )
+    max_header_line_bytes: int = field(
+        default=8 * 1024, metadata=cli("a request line (414) or header line (431) over this")
+    )
+    max_connections: int = field(
+        default=10_000,
+        metadata=cli("query port connections; beyond them (and the health reserve): 503, close"),
+    )
+    health_reserve_connections: int = field(
+        default=32,
+        metadata=cli("query port connections beyond max_connections that serve only health"),
+    )
+    admin_max_connections: int = field(
+        default=64, metadata=cli("admin port connections; beyond them: 503 and close")
+    )
+    header_timeout_s: float = field(
+        default=10.0, metadata=cli("seconds to send a request's headers (slowloris): 408, close")
+    )
+    body_timeout_s: float = field(
+        default=30.0, metadata=cli("seconds to send a request's body once its headers are in")
+    )
+    keepalive_timeout_s: float = field(
+        default=30.0, metadata=cli("seconds an idle keep-alive connection stays open")
+    )
     cache_bytes: int = field(
         default=32 * 2**20, metadata=cli("prediction cache size; 0 disables storing")
     )
@@ -180,6 +214,21 @@ class FrontendConfig:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {port}")
         if self.max_body_bytes < 64:
             raise ConfigError(f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
+        for name in (
+            "max_items_per_request", "max_header_bytes", "max_header_line_bytes",
+            "max_connections", "admin_max_connections",
+        ):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_header_line_bytes > self.max_header_bytes:
+            raise ConfigError("max_header_line_bytes must not exceed max_header_bytes")
+        if self.health_reserve_connections < 0:
+            raise ConfigError(
+                f"health_reserve_connections must be >= 0, got {self.health_reserve_connections}"
+            )
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         CACHE_POLICIES.check(self.cache_policy)

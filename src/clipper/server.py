@@ -32,7 +32,7 @@ from clipper.deployers import package
 from clipper.errors import ClipperError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
 from clipper.frontend.ensemble import SelectionRuntime
-from clipper.frontend.http import HttpServer
+from clipper.frontend.http import HttpLimits, HttpServer
 from clipper.frontend.query import QueryProcessor
 from clipper.frontend.routes import AdminRoutes, QueryRoutes
 from clipper.inputs import InputType
@@ -96,6 +96,7 @@ class Clipper:
             clock=self.clock,
             metrics=self.metrics,
             schedulers=self.schedulers,
+            max_items=config.max_items_per_request,
         )
         self.processor.selection = SelectionRuntime(
             self.processor, persist=self._persist_state, fetch=self._fetch_state
@@ -160,6 +161,7 @@ class Clipper:
         self.http = HttpServer(
             QueryRoutes(self.services), host=config.host, port=config.query_port,
             max_body_bytes=config.max_body_bytes,
+            limits=HttpLimits.query_port(config), clock=self.clock,
         )  # fmt: skip
         self.admin = AdminApi(
             registry=self.registry,
@@ -174,6 +176,7 @@ class Clipper:
             AdminRoutes(self.admin, config.admin_token), host=config.admin_host,
             port=config.admin_port,
             max_body_bytes=config.max_body_bytes,
+            limits=HttpLimits.admin_port(config), clock=self.clock,
         )  # fmt: skip
         self.grpc: V2GrpcServer | None = None
         if config.grpc_port is not None:

@@ -264,7 +264,7 @@ async def test_model_config(served: tuple[Clipper, str]) -> None:
 
     doc = await asyncio.to_thread(_call, url, config)
     assert doc["name"] == "doubles"
-    assert doc["max_batch_size"] == c.config.queue_capacity
+    assert doc["max_batch_size"] == min(c.config.queue_capacity, c.config.max_items_per_request)
     assert doc["input"] == [{"name": "input", "data_type": "TYPE_FP64", "dims": ["-1"]}]
     assert doc["output"][0]["data_type"] == "TYPE_FP64"
     assert doc["dynamic_batching"] == {"max_queue_delay_microseconds": "2000"}

@@ -378,7 +378,9 @@ async def test_model_config(clipper: Clipper) -> None:
     assert resp.status == 200, resp.body
     doc = resp.json()
     assert doc["name"] == "doubles"
-    assert doc["max_batch_size"] == clipper.config.queue_capacity
+    assert doc["max_batch_size"] == min(
+        clipper.config.queue_capacity, clipper.config.max_items_per_request
+    )
     assert doc["input"] == [{"name": "input", "data_type": "TYPE_FP64", "dims": [-1]}]
     assert doc["output"] == [{"name": "output", "data_type": "TYPE_FP64", "dims": [-1]}]
     assert doc["dynamic_batching"] == {"max_queue_delay_microseconds": 2000}

@@ -2,23 +2,36 @@
 
 Keep-alive and pipelining (answers leave in request order), bounded bodies (413), and
 back-pressure: a client that does not read its answers stops being read.
+
+Hostile clients are bounded as nginx/uvicorn bound them (:class:`HttpLimits`): header size
+(431), concurrent connections (beyond the limit a small reserve serves only health paths, then
+connections are answered 503 and closed), header, body and idle keep-alive timeouts (the
+connection is closed), ``Expect: 100-continue`` answered, and exactly one response per request
+(an ``Upgrade`` request gets one 400 and the connection closes). One lazily re-armed timer per
+connection keeps the per-request cost to a few attribute writes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httptools
 import orjson
 
+from clipper.clock import Clock, MonotonicClock, TimerHandle
 from clipper.errors import PayloadTooLarge, RequestError
 
-__all__ = ["HttpServer", "Router"]
+if TYPE_CHECKING:
+    from clipper.config import FrontendConfig
+
+__all__ = ["HEALTH_PATHS", "HttpLimits", "HttpServer", "Router"]
 
 log = logging.getLogger("clipper.http")
 
@@ -60,6 +73,66 @@ def error_body(err: RequestError) -> bytes:
     return orjson.dumps({"error": err.error, "cause": err.cause})
 
 
+# What a connection in the health reserve may ask for (the query port's liveness/readiness
+# paths, Clipper's and V2's); anything else there is answered 503.
+HEALTH_PATHS = frozenset(
+    ("/health", "/healthz", "/health/live", "/ready", "/health/ready", "/v2/health/live",
+     "/v2/health/ready")
+)  # fmt: skip
+
+# File descriptors kept for everything but this server's connections (replica sockets, the
+# other HTTP port, the store, logs) when the connection limit is clamped to RLIMIT_NOFILE.
+_FD_HEADROOM = 256
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one client may hold of an :class:`HttpServer`; see docs/query-api.md, "Limits"."""
+
+    max_header_bytes: int = 32 * 1024  # request line and headers together -> 431
+    max_header_line_bytes: int = 8 * 1024  # the request line, or one header line -> 431
+    max_connections: int = 10_000  # open connections; beyond: the reserve, then 503 + close
+    reserve_connections: int = 0  # beyond max_connections, served only HEALTH_PATHS
+    header_timeout_s: float = 10.0  # from a request's first byte (or the connection's open)
+    body_timeout_s: float = 30.0  # from the end of the headers to the end of the body
+    idle_timeout_s: float = 30.0  # keep-alive: an answered connection with no new request
+
+    @classmethod
+    def query_port(cls, c: FrontendConfig) -> HttpLimits:
+        return cls(
+            max_header_bytes=c.max_header_bytes,
+            max_header_line_bytes=c.max_header_line_bytes,
+            max_connections=c.max_connections,
+            reserve_connections=c.health_reserve_connections,
+            header_timeout_s=c.header_timeout_s,
+            body_timeout_s=c.body_timeout_s,
+            idle_timeout_s=c.keepalive_timeout_s,
+        )
+
+    @classmethod
+    def admin_port(cls, c: FrontendConfig) -> HttpLimits:
+        """The admin port: its own (small) connection limit, so a flood of the query port
+        never reaches it; the other limits as the query port's."""
+        return cls(
+            max_header_bytes=c.max_header_bytes,
+            max_header_line_bytes=c.max_header_line_bytes,
+            max_connections=c.admin_max_connections,
+            header_timeout_s=c.header_timeout_s,
+            body_timeout_s=c.body_timeout_s,
+            idle_timeout_s=c.keepalive_timeout_s,
+        )
+
+
+def _error_doc(status: int, cause: str) -> bytes:
+    return orjson.dumps({"error": HTTPStatus(status).phrase, "cause": cause})
+
+
+# A connection's reading state, for its timeout: waiting between requests (idle keep-alive),
+# reading a request's line and headers, reading its body.
+_IDLE, _HEAD, _BODY = 0, 1, 2
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
 class _Slot:
     __slots__ = ("data", "keep_alive")
 
@@ -70,13 +143,23 @@ class _Slot:
 
 class _Connection(asyncio.Protocol):
     __slots__ = (
+        "__weakref__",
         "_body",
         "_body_size",
+        "_broken",
         "_closed",
+        "_due",
+        "_head_bytes",
         "_headers",
+        "_headers_done",
+        "_health_only",
         "_paused",
+        "_since",
         "_slots",
+        "_state",
+        "_timer",
         "_too_large",
+        "_upgrade",
         "_url",
         "parser",
         "server",
@@ -92,37 +175,155 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._too_large = False
+        self._upgrade = False
         self._slots: deque[_Slot] = deque()
         self._closed = False
+        self._broken = False  # a framing error was answered: nothing more is read
         self._paused = False
+        self._health_only = False
+        self._state = _HEAD  # a new connection owes its first request's headers
+        self._since = 0.0  # when _state began (the server's clock)
+        self._head_bytes = 0  # header bytes fed for the current request
+        self._headers_done = 0  # requests whose headers completed (see _feed_capped)
+        self._timer: TimerHandle | None = None
+        self._due = 0.0
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
-        self.transport = cast(asyncio.Transport, transport)
-        self.server.connections.add(self)
+        self.transport = t = cast(asyncio.Transport, transport)
+        server = self.server
+        limits = server.limits
+        n = len(server.connections)
+        if n >= server.max_connections + limits.reserve_connections:
+            # Accept-and-close keeps file descriptors for the connections within the limit.
+            server.refused += 1
+            self._closed = True
+            self.transport = None
+            del self.parser  # no cycle left for the garbage collector
+            t.write(server.refusal)
+            t.close()
+            server.log_refusal()
+            return
+        self._health_only = n >= server.max_connections
+        server.connections.add(self)
+        now = server.clock.now()
+        self._since = now
+        self._arm(now + limits.header_timeout_s, now)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._closed and self.transport is None:
+            return  # refused in connection_made
         self._closed = True
         self.server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # The parser holds this protocol and the transport holds it too: dropping both
+        # frees the connection at once rather than at the next cyclic garbage collection.
+        self.transport = None
+        del self.parser
+        self._slots.clear()
+        self._headers = {}
+        self._body = []
 
     def data_received(self, data: bytes) -> None:
+        if self._broken or self._closed:
+            return
+        if self._state != _BODY:
+            if self._state == _IDLE:
+                self._begin(_HEAD, self.server.limits.header_timeout_s)
+            room = self.server.limits.max_header_bytes - self._head_bytes
+            if len(data) > room:
+                self._feed_capped(data, room)
+                return
+            self._head_bytes += len(data)
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
+            pass  # on_message_complete answered it (400) and closes the connection
         except httptools.HttpParserError as e:
             self._fail(400, f"malformed HTTP request: {e}")
 
+    def _feed_capped(self, data: bytes, room: int) -> None:
+        """``data`` runs past the header cap: feed what fits; unless a request's headers end
+        within it, answer 431 without buffering more (httptools would keep the rest)."""
+        done = self._headers_done
+        if room > 0:
+            self._head_bytes += room
+            self._feed(data[:room])
+            if self._broken or self._closed:
+                return
+        if self._headers_done == done:
+            cap = self.server.limits.max_header_bytes
+            self._fail(431, f"the request line and headers exceed {cap} bytes (max_header_bytes)")
+            return
+        self.data_received(data[room:])
+
     def pause_writing(self) -> None:
-        assert self.transport is not None
+        if self.transport is None:
+            return
         self._paused = True
         self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        assert self.transport is not None
+        if self.transport is None:
+            return
         self._paused = False
-        self.transport.resume_reading()
+        if not self._broken:
+            self.transport.resume_reading()
+
+    # timeouts: one timer per connection, re-armed lazily when it fires
+    def _arm(self, due: float, now: float) -> None:
+        self._due = due
+        self._timer = self.server.clock.call_later(max(due - now, 0.0), self._on_timer)
+
+    def _begin(self, state: int, limit_s: float) -> None:
+        """Enter a reading state; the timer moves earlier only when this state's deadline
+        comes before the armed one (else it re-checks when it fires)."""
+        now = self.server.clock.now()
+        self._state = state
+        self._since = now
+        due = now + limit_s
+        if due < self._due and self._timer is not None:
+            self._timer.cancel()
+            self._arm(due, now)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._closed:
+            return
+        server = self.server
+        limits = server.limits
+        now = server.clock.now()
+        if self._slots:  # answers owed by us, not the client: look again later
+            self._arm(now + limits.idle_timeout_s, now)
+            return
+        state = self._state
+        if state == _IDLE:
+            limit = limits.idle_timeout_s
+        elif state == _HEAD:
+            limit = limits.header_timeout_s
+        else:
+            limit = limits.body_timeout_s
+        due = self._since + limit
+        if now < due - 0.002:  # uvloop may fire a millisecond early
+            self._arm(due, now)
+            return
+        if state == _IDLE or (state == _HEAD and self._head_bytes == 0):
+            self._close()  # nothing asked: a silent close, as keep-alive timeouts do
+        elif state == _HEAD:
+            self._fail(408, f"the request headers took longer than {limit:g} s (header_timeout_s)")
+        else:
+            self._fail(408, f"the request body took longer than {limit:g} s (body_timeout_s)")
+
+    def _close(self) -> None:
+        self._closed = True
+        if self.transport is not None:
+            self.transport.close()
 
     # httptools callbacks
     def _reset(self) -> None:
@@ -136,8 +337,21 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > self.server.limits.max_header_line_bytes:
+            self._fail(
+                414,
+                f"the request target exceeds {self.server.limits.max_header_line_bytes} bytes "
+                "(max_header_line_bytes)",
+            )
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) > self.server.limits.max_header_line_bytes:
+            self._fail(
+                431,
+                f"header {name[:40].decode('latin-1')!r} exceeds "
+                f"{self.server.limits.max_header_line_bytes} bytes (max_header_line_bytes)",
+            )
+            return
         name = name.lower()
         self._headers[name] = value
         if (
@@ -146,6 +360,29 @@ class _Connection(asyncio.Protocol):
             and int(value) > self.server.max_body_bytes
         ):
             self._too_large = True
+
+    def on_headers_complete(self) -> None:
+        self._headers_done += 1
+        self._head_bytes = 0
+        if self._broken:
+            return
+        self._begin(_BODY, self.server.limits.body_timeout_s)
+        if self.parser.should_upgrade():
+            self._upgrade = True  # answered once, in on_message_complete
+            return
+        expect = self._headers.get(b"expect")
+        if expect is not None:
+            if expect.lower() != b"100-continue":
+                self._fail(417, f"unsupported expectation {expect[:40]!r}; only 100-continue")
+            elif self._too_large:
+                # At once: the client has not sent the body and need not.
+                self._fail(
+                    413,
+                    f"request body exceeds the limit of {self.server.max_body_bytes} bytes",
+                )
+            elif not self._slots and self.transport is not None:
+                # Only when no earlier answer is owed: interim responses keep request order.
+                self.transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
         if self._too_large:
@@ -158,7 +395,14 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        keep_alive = self.parser.should_keep_alive()
+        self._state = _IDLE
+        if self._broken:
+            return
+        if self._upgrade:
+            self._fail(400, "protocol upgrades (Upgrade, CONNECT) are not supported: send "
+                       "plain HTTP/1.1 requests")  # fmt: skip
+            return
+        keep_alive = self.parser.should_keep_alive() and not self._health_only
         slot = _Slot(keep_alive)
         self._slots.append(slot)
         too_large, body_parts, url, headers = self._too_large, self._body, self._url, self._headers
@@ -177,6 +421,13 @@ class _Connection(asyncio.Protocol):
             # Routes that take parameters read them here; no client can send a header
             # whose name starts with ":".
             headers[b":query"] = url[q + 1 :]
+        if self._health_only and path not in HEALTH_PATHS:
+            limit = self.server.max_connections
+            self._answer(slot, 503, _error_doc(503, (
+                f"the server holds its limit of {limit} connections (max_connections); "
+                "beyond it only health and readiness paths are served: retry later"
+            )), JSON)  # fmt: skip
+            return
 
         def respond(status: int, data: bytes, content_type: bytes = JSON) -> None:
             self._answer(slot, status, data, content_type)
@@ -208,28 +459,81 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
                 slots.clear()
                 return
+        if not slots and self._state == _IDLE:
+            self._since = self.server.clock.now()  # keep-alive idleness starts now
 
     def _fail(self, status: int, cause: str) -> None:
-        if self.transport is None or self._closed:
+        """Answer a request that cannot be read on (framing, limits, timeouts) after the
+        answers owed before it, then close: the one response this request gets."""
+        if self._broken or self._closed or self.transport is None:
             return
-        body = error_body(RequestError(cause))  # {"error": "Bad request", "cause": ...}
-        self.transport.write(_head(status, JSON, len(body), False) + body)
-        self._closed = True
-        self.transport.close()
+        self._broken = True
+        self.transport.pause_reading()
+        slot = _Slot(False)
+        self._slots.append(slot)
+        self._answer(slot, status, _error_doc(status, cause), JSON)
 
 
 class HttpServer:
     """Owns the listening socket and its connections."""
 
-    def __init__(self, router: Router, *, host: str, port: int, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        host: str,
+        port: int,
+        max_body_bytes: int,
+        limits: HttpLimits | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.router = router
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
+        self.limits = limits or HttpLimits()
+        self.clock: Clock = clock or MonotonicClock()
+        self.max_connections = self.limits.max_connections  # clamped to the fd limit at start
         self.connections: set[_Connection] = set()
+        self.refused = 0  # connections answered 503 and closed beyond the limit and reserve
+        self._refusals_logged = 0
+        self._last_refusal_log = float("-inf")
         self._server: asyncio.Server | None = None
+        self.refusal = _head(503, JSON, 0, False)  # replaced in start(), once the limit is known
+
+    def log_refusal(self) -> None:
+        """One line per 10 s at most, with the count since the last one: a flood must not
+        also flood the log."""
+        now = self.clock.now()
+        if now - self._last_refusal_log >= 10.0:
+            log.warning(
+                "%s:%s refused %d connections beyond its limit of %d (+%d reserved for health)",
+                self.host, self.port, self.refused - self._refusals_logged,
+                self.max_connections, self.limits.reserve_connections,
+            )  # fmt: skip
+            self._last_refusal_log = now
+            self._refusals_logged = self.refused
+
+    def _clamp_to_fd_limit(self) -> None:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return
+        fit = max(soft - _FD_HEADROOM - self.limits.reserve_connections, 16)
+        if self.max_connections > fit:
+            log.warning(
+                "max_connections %d does not fit the file descriptor limit (ulimit -n %d): "
+                "using %d; raise ulimit -n to use more",
+                self.max_connections, soft, fit,
+            )  # fmt: skip
+            self.max_connections = fit
 
     async def start(self) -> None:
+        self._clamp_to_fd_limit()
+        body = _error_doc(503, (
+            f"too many connections: this server holds its limit of {self.max_connections} "
+            "(max_connections); retry later"
+        ))  # fmt: skip
+        self.refusal = _head(503, JSON, len(body), False) + body
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _Connection(self), self.host, self.port, reuse_address=True, backlog=1024

@@ -23,6 +23,7 @@ from clipper.errors import (
     ModelError,
     NotFoundError,
     OverloadedError,
+    PayloadTooLarge,
     RegistryError,
     ReplicaError,
     RequestError,
@@ -45,6 +46,15 @@ NO_MODELS = "No connected models found for query"
 SLO_MISSED = "Failed to retrieve a prediction response within the specified latency SLO"
 
 _UNSET: Any = object()
+
+DEFAULT_MAX_ITEMS = 1000  # FrontendConfig.max_items_per_request's default
+
+
+def too_many_items(n: int, limit: int, what: str) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"{what} has {n} items; at most {limit} are accepted per request "
+        "(max_items_per_request): split it into several requests"
+    )
 
 
 class QueryRejected(RequestError):
@@ -174,10 +184,13 @@ class QueryProcessor:
         clock: Clock,
         metrics: Metrics,
         schedulers: dict[tuple[str, str], ModelScheduler],
+        max_items: int = DEFAULT_MAX_ITEMS,
     ) -> None:
         self.registry = registry
         self.cache = cache
         self.clock = clock
+        # Items one request may carry: its parse and enqueue hold the event loop.
+        self.max_items = max_items
         self.metrics = metrics
         self.schedulers = schedulers
         self._query_ids = itertools.count()
@@ -221,6 +234,8 @@ class QueryProcessor:
     ) -> None:
         """Answer inputs already in their wire form (what :func:`parse_input` makes): the
         rest of :meth:`predict`, shared with the V2 protocol, whose tensors need no JSON."""
+        if len(payloads) > self.max_items:  # the protocols check earlier, before their parse
+            raise too_many_items(len(payloads), self.max_items, "the request")
         app_name = app.name
         linked = self.registry.links.get(app_name) or []
         if version is not None and len(linked) > 1:
@@ -358,6 +373,8 @@ class QueryProcessor:
                 'Error parsing JSON: "input_batch" must be a non-empty array. '
                 f"Expected JSON schema: {schema}"
             )
+        if len(batch) > self.max_items:  # before any per-item work
+            raise too_many_items(len(batch), self.max_items, '"input_batch"')
         return batch, version, parse_uid(doc.get("uid"))
 
     # -- feedback ----------------------------------------------------------------------------

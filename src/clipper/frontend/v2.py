@@ -180,15 +180,16 @@ def model_config(svc: QueryServices, app: Application, version: str | None) -> d
     """Triton's model configuration extension for an application, in its JSON form: what
     perf_analyzer and Triton's tools read (tensors, max batch size, batching).
 
-    ``max_batch_size`` is the queue capacity: each row of a request is a query of its own,
-    so that is the most rows one request can have queued. ``dynamic_batching`` carries the
+    ``max_batch_size`` is the most rows one request may carry: each row is a query of its
+    own, so the smaller of the queue capacity and ``max_items_per_request`` (beyond which a
+    request gets 413). ``dynamic_batching`` carries the
     batch wait of the model that answers (a single linked model's current version)."""
     meta = model_metadata(svc, app, version)
     config: dict[str, Any] = {
         "name": app.name,
         "platform": PLATFORM,
         "backend": SERVER_NAME,
-        "max_batch_size": svc.queue_capacity,
+        "max_batch_size": min(svc.queue_capacity, svc.processor.max_items),
         "input": [
             {"name": t["name"], "data_type": _config_type(t["datatype"]), "dims": [-1]}
             for t in meta["inputs"]
@@ -305,7 +306,7 @@ def _infer(  # noqa: PLR0917
     respond: Respond,
 ) -> None:
     request = parse_infer(headers, body)
-    payloads = input_payloads(app, request.inputs)
+    payloads = input_payloads(app, request.inputs, svc.processor.max_items)
     model_version = resolve_version(svc.catalog.registry, app, version)
     reply = _V2Reply(respond, app.name, model_version, request)
     processor = svc.processor

@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from clipper.errors import BadInputError, NotFoundError
+from clipper.errors import BadInputError, NotFoundError, PayloadTooLarge
 from clipper.frontend.prediction import Prediction
 from clipper.inputs import InputType, parse_input
+
+DEFAULT_MAX_ITEMS = 1000  # FrontendConfig.max_items_per_request's default; gRPC's, until passed
 
 if TYPE_CHECKING:
     from clipper.registry import Application, Registry
@@ -167,9 +169,12 @@ def check_outputs(names: list[Any]) -> None:
 
 
 # -- inputs ------------------------------------------------------------------------------------
-def input_payloads(app: Application, inputs: list[InputTensor]) -> list[bytes]:
+def input_payloads(
+    app: Application, inputs: list[InputTensor], max_items: int = DEFAULT_MAX_ITEMS
+) -> list[bytes]:
     """The input tensor as the query's inputs, one per element of its first dimension, in
-    the application's wire form (what :func:`parse_input` makes of a JSON input)."""
+    the application's wire form (what :func:`parse_input` makes of a JSON input). A batch
+    dimension over ``max_items`` is refused (413) before any element is decoded."""
     if not inputs:
         raise BadInputError('"inputs" must be a non-empty array of tensors')
     if len(inputs) > 1:
@@ -186,6 +191,11 @@ def input_payloads(app: Application, inputs: list[InputTensor]) -> list[bytes]:
     n = shape[0]
     if n == 0:
         raise BadInputError(f"input '{name}': the batch dimension is 0")
+    if n > max_items:
+        raise PayloadTooLarge(
+            f"input '{name}': the batch dimension (shape[0]) is {n}; at most {max_items} rows "
+            "are accepted per request (max_items_per_request): split it into several requests"
+        )
     if datatype not in _ALL_TYPES:
         raise BadInputError(f"input '{name}': unknown datatype {datatype!r}")
     itype = app.input_type
