@@ -203,7 +203,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             app = self._app(request.model_name)
             infer = parse_infer(request)
-            payloads = input_payloads(app, infer.inputs)
+            payloads = input_payloads(app, infer.inputs, svc.processor.max_items)
             version = request.model_version or None
             model_version = resolve_version(svc.catalog.registry, app, version)
             processor = svc.processor
