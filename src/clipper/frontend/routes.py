@@ -15,7 +15,7 @@ import orjson
 from clipper.errors import NotFoundError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.http import JSON, Respond, error_body, json_response
-from clipper.frontend.prediction import Prediction
+from clipper.frontend.prediction import Prediction, answer_failed
 
 if TYPE_CHECKING:
     from clipper.frontend.admin import AdminApi
@@ -74,7 +74,12 @@ class RestReply:
         self.respond = respond
 
     def answer(self, predictions: list[Prediction]) -> None:
-        self.respond(200, encode_predictions(predictions), JSON)
+        try:
+            body = encode_predictions(predictions)
+        except Exception as e:  # called back by the query: must answer
+            self.fail(answer_failed("encoding a Clipper REST answer", e))
+            return
+        self.respond(200, body, JSON)
 
     def received(self) -> None:
         self.respond(200, b"Feedback received? 1", JSON)  # the original's answer, verbatim
