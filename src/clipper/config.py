@@ -155,6 +155,14 @@ class FrontendConfig:
         metadata=cli("admin API address; beyond loopback it needs --admin-token"),
     )
     admin_port: int = field(default=1338, metadata=cli("admin API port"))
+    # An uploaded model archive is unpacked on this machine: bounded so that a small gzip
+    # cannot fill the disk (the body itself is bounded by max_body_bytes).
+    max_upload_unpacked_bytes: int = field(
+        default=2 * 2**30, metadata=cli("an upload_model archive may unpack to this many bytes")
+    )
+    max_upload_files: int = field(
+        default=10_000, metadata=cli("an upload_model archive may hold this many entries")
+    )
     admin_token: str | None = field(
         default=None, metadata=cli("bearer token the admin API requires")
     )
@@ -180,6 +188,8 @@ class FrontendConfig:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {port}")
         if self.max_body_bytes < 64:
             raise ConfigError(f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
+        if self.max_upload_unpacked_bytes < 1 or self.max_upload_files < 1:
+            raise ConfigError("max_upload_unpacked_bytes and max_upload_files must be >= 1")
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         CACHE_POLICIES.check(self.cache_policy)

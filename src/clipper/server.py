@@ -169,6 +169,8 @@ class Clipper:
             metrics=self.metrics,
             clock=self.clock,
             state_dir=self.state_dir,
+            max_upload_unpacked_bytes=config.max_upload_unpacked_bytes,
+            max_upload_files=config.max_upload_files,
         )
         self.admin_http = HttpServer(
             AdminRoutes(self.admin, config.admin_token), host=config.admin_host,
