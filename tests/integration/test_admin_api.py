@@ -546,8 +546,13 @@ def _tar_gz(files: dict[str, bytes]) -> bytes:
 async def test_upload_limits_and_cleanup() -> None:
     """A small archive that unpacks past the limit, or holds too many files, is refused
     before it fills the disk; neither it nor a deploy that fails leaves files behind."""
-    limits = {"max_upload_unpacked_bytes": 1_000_000, "max_upload_files": 10}
-    async with Clipper(query_port=0, rpc_port=0, admin_port=0, **limits) as c:
+    async with Clipper(
+        query_port=0,
+        rpc_port=0,
+        admin_port=0,
+        max_upload_unpacked_bytes=1_000_000,
+        max_upload_files=10,
+    ) as c:
         uploads = c.state_dir / "uploads"
         bomb = _tar_gz({"model.pkl": b"\0" * 4_000_000})  # 4 MB of zeros in ~4 KB
         assert len(bomb) < 20_000
