@@ -141,6 +141,7 @@ class Clipper:
             make_scheduler=self._make_scheduler,
             remove_replicas=self._disconnect,
             on_app_deleted=self._forget_app,
+            on_version_deleted=self._forget_version,
         )
         self.control = Control(
             self.registry,
@@ -451,6 +452,10 @@ class Clipper:
     def _forget_app(self, name: str) -> None:
         if self.processor.selection is not None:
             self.processor.selection.forget(name)
+        self.processor.forget_app(name)
+
+    def _forget_version(self, name: str, version: str) -> None:
+        self.processor.forget_version(name, version)
 
     def _node_id(self) -> str:
         """This frontend's identity in the store's intents: kept in its state directory, so a

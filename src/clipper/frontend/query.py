@@ -423,6 +423,17 @@ class QueryProcessor:
             out.append(pred)
         return out
 
+    def forget_app(self, app: str) -> None:
+        """A deleted application: its metric series go, and the children held for them."""
+        self._app_metrics.pop(app, None)
+        self.metrics.forget_app(app)
+
+    def forget_version(self, model: str, version: str) -> None:
+        """A deleted model version: drop the cache-metric children held for it (their series
+        were removed; a version registered again under the name gets new ones)."""
+        self._cache_metrics.pop((model, version), None)
+        self.metrics.forget_version(model, version)
+
     def _app_counters(self, app: str) -> tuple[Any, Any]:
         m = self._app_metrics.get(app)
         if m is None:

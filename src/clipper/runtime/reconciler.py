@@ -47,6 +47,7 @@ class Reconciler:
         make_scheduler: Callable[[ModelVersion, float], ModelScheduler],
         remove_replicas: Callable[[ModelScheduler], None],
         on_app_deleted: Callable[[str], None] = lambda name: None,
+        on_version_deleted: Callable[[str, str], None] = lambda name, version: None,
     ) -> None:
         self.registry = registry
         self.manager = manager
@@ -55,6 +56,7 @@ class Reconciler:
         self._make_scheduler = make_scheduler
         self._remove_replicas = remove_replicas
         self._on_app_deleted = on_app_deleted
+        self._on_version_deleted = on_version_deleted
         self._known: dict[Key, ModelVersion] = {}  # last settings of each version it ran
         self._retiring: dict[Key, ModelScheduler] = {}  # deleted, draining before it closes
         self._dirty: set[Key] = set()
@@ -197,6 +199,7 @@ class Reconciler:
             if sched is not None:
                 self._remove_replicas(sched)
                 sched.close(RegistryError(f"model {name}:{version} was deleted"))
+            self._on_version_deleted(name, version)
 
     async def _drain(self, sched: ModelScheduler | None) -> None:
         """What a version was given is answered (or expired) before its replicas stop."""
