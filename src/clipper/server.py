@@ -131,6 +131,7 @@ class Clipper:
                 on_exit=self.directory.process_exited,
                 drain=self.directory.drain,
                 nice=config.container_nice,
+                log_max_bytes=config.replica_log_bytes,
             ),
         )
         self.reconciler = Reconciler(
@@ -142,6 +143,7 @@ class Clipper:
             remove_replicas=self._disconnect,
             on_app_deleted=self._forget_app,
             on_version_deleted=self._forget_version,
+            forget_after_s=config.deleted_logs_grace_s,
         )
         self.control = Control(
             self.registry,

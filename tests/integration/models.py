@@ -128,3 +128,9 @@ TYPED_OUTPUTS: dict[str, Any] = {
 def typed_outputs(xs: list[str]) -> list[Any]:
     """For each input naming a V2 datatype, a value of that datatype."""
     return [TYPED_OUTPUTS[x] for x in xs]
+
+
+def chatty_failure(xs: Any) -> list[Any]:
+    """Prints a line and raises on every batch: what fills a replica log."""
+    print("chatty model output " + "x" * 200, flush=True)
+    raise ValueError(f"cannot take a batch of {len(xs)}")
