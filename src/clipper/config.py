@@ -189,6 +189,22 @@ class FrontendConfig:
         metadata=cli("admin API address; beyond loopback it needs --admin-token"),
     )
     admin_port: int = field(default=1338, metadata=cli("admin API port"))
+    # Replica logs: rotated by size (one previous file kept), and removed this long after
+    # their version is deleted (long enough to read why it failed).
+    replica_log_bytes: int = field(
+        default=10 * 2**20, metadata=cli("a replica's log rotates past this size")
+    )
+    deleted_logs_grace_s: float = field(
+        default=300.0, metadata=cli("a deleted version's replica logs are removed after this")
+    )
+    # An uploaded model archive is unpacked on this machine: bounded so that a small gzip
+    # cannot fill the disk (the body itself is bounded by max_body_bytes).
+    max_upload_unpacked_bytes: int = field(
+        default=2 * 2**30, metadata=cli("an upload_model archive may unpack to this many bytes")
+    )
+    max_upload_files: int = field(
+        default=10_000, metadata=cli("an upload_model archive may hold this many entries")
+    )
     admin_token: str | None = field(
         default=None, metadata=cli("bearer token the admin API requires")
     )
@@ -229,6 +245,10 @@ class FrontendConfig:
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.replica_log_bytes < 1024 or self.deleted_logs_grace_s < 0:
+            raise ConfigError("replica_log_bytes must be >= 1024 and deleted_logs_grace_s >= 0")
+        if self.max_upload_unpacked_bytes < 1 or self.max_upload_files < 1:
+            raise ConfigError("max_upload_unpacked_bytes and max_upload_files must be >= 1")
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         CACHE_POLICIES.check(self.cache_policy)

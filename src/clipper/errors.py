@@ -13,10 +13,13 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │   ├── QueryProcessingError  a query the query path refuses (400) [frontend.query]
     │   ├── Misconfigured      a policy its links cannot serve (503) [frontend.ensemble]
     │   ├── NoPrediction       feedback for an input no model answered (503) [frontend.ensemble]
-    │   └── FeedbackError      feedback that failed while learned from (400) [frontend.ensemble]
+    │   ├── FeedbackError      feedback that failed while learned from (400) [frontend.ensemble]
+    │   └── AnswerFailed       an accepted query whose answer could not be encoded (500)
+    │                          [frontend.prediction]
     ├── RegistryError          applications, models, links: duplicate, unknown, incompatible
     │   └── OperationError     an admin operation refused (400) [frontend.admin_fields]
     ├── FieldError             an admin body off its route's schema [frontend.admin_fields]
+    ├── ArchiveTooLarge        upload over its unpacked size or file limit [frontend.admin_fields]
     ├── StoreError             the config store's backend failed; nothing changed (503) [store.base]
     ├── ModelError             a model raised while predicting (carries its message)
     ├── OverloadedError        a query shed because it cannot meet its deadline (queue full/slow)

@@ -3,6 +3,7 @@ process in tests). Children are looked up once per app/model/replica, never per 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -96,6 +97,36 @@ class Metrics:
             registry=r,
         )
 
+    # -- series of things that are gone --------------------------------------------------------
+    # A label set lives until removed: without this, every deleted version, replica and
+    # application would stay in /metrics forever (1.4 KB -> 341 KB over 70 deploy cycles).
+    def forget_version(self, model: str, version: str) -> None:
+        """Remove every series of a deleted model version, its replicas' included."""
+        for metric in (
+            self.batch_size,
+            self.queue_depth,
+            self.replicas,
+            self.cache_hits,
+            self.cache_misses,
+            self.model_errors,
+        ):
+            _remove(metric, model, version)
+        for replica in _label_values(self.replica_latency, "replica", model=model, version=version):
+            _remove(self.replica_latency, model, version, replica)
+
+    def forget_replica(self, model: str, version: str, replica: str) -> None:
+        """Remove the series of a replica that left its version."""
+        _remove(self.replica_latency, model, version, replica)
+
+    def forget_app(self, app: str) -> None:
+        """Remove every series of a deleted application."""
+        _remove(self.requests, app)
+        _remove(self.latency, app)
+        for reason in _label_values(self.defaults, "reason", app=app):
+            _remove(self.defaults, app, reason)
+        for model in _label_values(self.missing, "model", app=app):
+            _remove(self.missing, app, model)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -108,3 +139,19 @@ class Metrics:
                 labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
                 out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
         return out
+
+
+def _remove(metric: Any, *labelvalues: str) -> None:
+    with contextlib.suppress(KeyError):  # never observed: no series to remove
+        metric.remove(*labelvalues)
+
+
+def _label_values(metric: Any, label: str, **match: str) -> set[str]:
+    """The values of ``label`` among the metric's series whose labels include ``match``."""
+    out: set[str] = set()
+    for family in metric.collect():
+        for sample in family.samples:
+            labels = sample.labels
+            if label in labels and all(labels.get(k) == v for k, v in match.items()):
+                out.add(labels[label])
+    return out

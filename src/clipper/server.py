@@ -132,6 +132,7 @@ class Clipper:
                 on_exit=self.directory.process_exited,
                 drain=self.directory.drain,
                 nice=config.container_nice,
+                log_max_bytes=config.replica_log_bytes,
             ),
         )
         self.reconciler = Reconciler(
@@ -142,6 +143,8 @@ class Clipper:
             make_scheduler=self._make_scheduler,
             remove_replicas=self._disconnect,
             on_app_deleted=self._forget_app,
+            on_version_deleted=self._forget_version,
+            forget_after_s=config.deleted_logs_grace_s,
         )
         self.control = Control(
             self.registry,
@@ -171,6 +174,8 @@ class Clipper:
             metrics=self.metrics,
             clock=self.clock,
             state_dir=self.state_dir,
+            max_upload_unpacked_bytes=config.max_upload_unpacked_bytes,
+            max_upload_files=config.max_upload_files,
         )
         self.admin_http = HttpServer(
             AdminRoutes(self.admin, config.admin_token), host=config.admin_host,
@@ -452,6 +457,10 @@ class Clipper:
     def _forget_app(self, name: str) -> None:
         if self.processor.selection is not None:
             self.processor.selection.forget(name)
+        self.processor.forget_app(name)
+
+    def _forget_version(self, name: str, version: str) -> None:
+        self.processor.forget_version(name, version)
 
     def _node_id(self) -> str:
         """This frontend's identity in the store's intents: kept in its state directory, so a

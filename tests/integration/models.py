@@ -108,3 +108,29 @@ class Counter:
 
     def update(self, xs: Any, labels: list[Any]) -> None:
         self.seen += len(labels)
+
+
+def echo_rows(xs: Any) -> list[Any]:
+    """Each input row back as it arrived (numbers as lists, strings as strings)."""
+    return [x if isinstance(x, str) else np.asarray(x).tolist() for x in xs]
+
+
+# Values of each output datatype a model can return over the JSON wire, at their extremes.
+TYPED_OUTPUTS: dict[str, Any] = {
+    "BOOL": [True, False],
+    "INT64": [-(2**63), 2**63 - 1],
+    "UINT64": [2**63, 2**64 - 1],
+    "FP64": [0.5, -1e300],
+    "BYTES": {"k": "v"},
+}
+
+
+def typed_outputs(xs: list[str]) -> list[Any]:
+    """For each input naming a V2 datatype, a value of that datatype."""
+    return [TYPED_OUTPUTS[x] for x in xs]
+
+
+def chatty_failure(xs: Any) -> list[Any]:
+    """Prints a line and raises on every batch: what fills a replica log."""
+    print("chatty model output " + "x" * 200, flush=True)
+    raise ValueError(f"cannot take a batch of {len(xs)}")

@@ -530,6 +530,66 @@ async def test_upload_model_with_query_string(clipper: Clipper, artifacts: dict[
     assert (clipper.state_dir / "uploads" / "m-upq" / "1" / "model.pkl").exists()
 
 
+def _tar_gz(files: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+async def test_upload_limits_and_cleanup() -> None:
+    """A small archive that unpacks past the limit, or holds too many files, is refused
+    before it fills the disk; neither it nor a deploy that fails leaves files behind."""
+    async with Clipper(
+        query_port=0,
+        rpc_port=0,
+        admin_port=0,
+        max_upload_unpacked_bytes=1_000_000,
+        max_upload_files=10,
+    ) as c:
+        uploads = c.state_dir / "uploads"
+        bomb = _tar_gz({"model.pkl": b"\0" * 4_000_000})  # 4 MB of zeros in ~4 KB
+        assert len(bomb) < 20_000
+        crowd = _tar_gz({f"f{i}.txt": b"x" for i in range(11)})
+        fine = _tar_gz({f"f{i}.txt": b"x" for i in range(5)})  # unpacks, then fails to deploy
+        cases = [
+            ("bomb", bomb, "unpacks to more than 1000000 bytes"),
+            ("crowd", crowd, "more than 10 entries"),
+        ]
+        for name, body, cause in cases:
+            headers = {"X-Clipper-Name": name, "X-Clipper-Version": "1"}
+            headers["X-Clipper-Input-Type"] = "doubles"
+            status, _, text = await asyncio.to_thread(
+                http_post, f"{c.admin_url}/admin/upload_model", body, headers
+            )
+            assert status == 400, text
+            assert cause in text.decode()
+            assert not (uploads / name).exists()  # nothing left on disk
+            assert name not in c.registry.models
+        # A body that unpacks but is no model: the deploy fails and its upload is removed.
+        headers = {"X-Clipper-Name": "nomodel", "X-Clipper-Version": "1"}
+        headers["X-Clipper-Input-Type"] = "doubles"
+        status, _, text = await asyncio.to_thread(
+            http_post, f"{c.admin_url}/admin/upload_model", fine, headers
+        )
+        assert status != 200, text
+        assert "nomodel" not in c.registry.models
+        assert not (uploads / "nomodel").exists()
+
+
+async def test_upload_limits_are_settings() -> None:
+    assert FrontendConfig().max_upload_unpacked_bytes == 2 * 2**30
+    assert FrontendConfig().max_upload_files == 10_000
+    with pytest.raises(ConfigError, match="max_upload"):
+        FrontendConfig(max_upload_files=0)
+
+
 async def test_set_num_replicas_up_and_down(clipper: Clipper, artifacts: dict[str, Path]) -> None:
     await deploy(clipper, "m-scale", artifacts["sums"])
     doc = {"model_name": "m-scale", "num_replicas": 3}  # the current version

@@ -68,6 +68,34 @@ async def test_bearer_token_is_required_when_configured() -> None:
         assert (await fe.query.get("/health")).status == 200
 
 
+async def test_bearer_scheme_is_case_insensitive_and_a_repeated_header_refused() -> None:
+    async with in_process_frontend(admin_token="s3cret") as fe:
+        for scheme in ("bearer", "BEARER", "BeArEr"):
+            resp = await fe.admin.get("/admin/ping", headers={"Authorization": f"{scheme} s3cret"})
+            assert text_of(resp) == "PONG", scheme
+        # Two Authorization headers, combined as RFC 9110 says (one value, comma-joined):
+        # refused even when one of them is right, whichever the HTTP layer would keep.
+        for value in ("Bearer s3cret, Bearer wrong", "Bearer wrong, Bearer s3cret"):
+            resp = await fe.admin.get("/admin/ping", headers={"Authorization": value})
+            assert resp.status == 400, value
+            assert "more than once" in resp.json()["cause"]
+        for near in ("Bearer s3cre", "Bearer s3cret2", "Bearers3cret", "Basic s3cret"):
+            resp = await fe.admin.get("/admin/ping", headers={"Authorization": near})
+            assert resp.status == 401, near
+
+
+def test_token_comparison() -> None:
+    from clipper.frontend.routes import bearer_token_matches, repeated_authorization
+
+    assert bearer_token_matches(b"Bearer t0k", b"t0k")
+    assert bearer_token_matches(b"bearer  t0k ", b"t0k")
+    assert not bearer_token_matches(None, b"t0k")
+    assert not bearer_token_matches(b"Bearer", b"t0k")
+    assert not bearer_token_matches(b"Bearer t0", b"t0k")
+    assert repeated_authorization(b"Bearer a, Bearer b")
+    assert not repeated_authorization(b"Bearer a")
+
+
 async def test_no_token_configured_lets_every_request_in(
     inproc_frontend: InProcessFrontend,
 ) -> None:

@@ -256,3 +256,91 @@ def test_grpc_response_raw_bytes_and_numbers() -> None:
     assert numbers.raw_output_contents[0] == np.array([3, 4], dtype="<i8").tobytes()
     single = _grpc_response([Prediction(1, -1.0, DefaultReason.NO_MODEL, NO_MODELS)], raw=False)
     assert orjson.loads(single.parameters["default_explanations"].string_param) == [NO_MODELS]
+
+
+# -- every output datatype, and answers that cannot be encoded ---------------------------------
+OUTPUT_CASES = [
+    # (outputs, datatype, shape, little-endian layout of the binary form)
+    ([True, False], "BOOL", [2], "?"),
+    ([[True, False], [False, True]], "BOOL", [2, 2], "?"),
+    ([-(2**63), 2**63 - 1], "INT64", [2], "<i8"),
+    ([2**63, 2**64 - 1, 0], "UINT64", [3], "<u8"),
+    ([[2**63], [1]], "UINT64", [2, 1], "<u8"),
+    ([1, 2.5], "FP64", [2], "<f8"),
+]
+
+
+@pytest.mark.parametrize(("outputs", "datatype", "shape", "layout"), OUTPUT_CASES)
+def test_v2_output_datatypes_in_json_and_binary(
+    outputs: list[Any], datatype: str, shape: list[int], layout: str
+) -> None:
+    preds = [Prediction(i, o) for i, o in enumerate(outputs)]
+    flat = np.asarray(outputs, dtype=layout).reshape(-1)
+    header, raw = v2.encode_response("a", "1", None, preds)
+    (tensor,) = orjson.loads(header)["outputs"]
+    assert (tensor["datatype"], tensor["shape"]) == (datatype, shape)
+    assert tensor["data"] == flat.tolist()  # exact: 2**64 - 1 is not rounded through a float
+    header, raw = v2.encode_response("a", "1", None, preds, binary=True)
+    (tensor,) = orjson.loads(header)["outputs"]
+    assert (tensor["datatype"], tensor["shape"]) == (datatype, shape)
+    assert raw == flat.tobytes()
+
+
+def test_v2_integers_beyond_64_bits_go_as_json_text() -> None:
+    header, raw = v2.encode_response(
+        "a", "1", None, [Prediction(1, -1), Prediction(2, 2**63)], binary=True
+    )
+    (tensor,) = orjson.loads(header)["outputs"]
+    assert tensor["datatype"] == "BYTES"  # neither INT64 nor UINT64 holds both exactly
+    assert raw == b"".join(struct.pack("<I", len(e)) + e for e in (b"-1", b"9223372036854775808"))
+
+
+class _Unencodable:
+    """An output no encoder can write (orjson refuses it)."""
+
+
+def test_every_reply_answers_500_when_encoding_raises() -> None:
+    bad = [Prediction(1, _Unencodable())]
+    got: list[tuple[int, bytes]] = []
+    RestReply(lambda status, data, ctype=b"": got.append((status, data))).answer(bad)
+    assert got[0][0] == 500
+    doc = orjson.loads(got[0][1])
+    assert doc["error"] == "Internal error"
+    assert "encoding a Clipper REST answer failed" in doc["cause"]
+    got.clear()
+    req = InferRequest([], None, binary_output=True)
+    v2._V2Reply(lambda status, data, ctype=b"": got.append((status, data)), "a", "1", req).answer(
+        bad
+    )
+    assert got[0][0] == 500
+    assert "encoding a V2 infer response failed" in orjson.loads(got[0][1])["error"]
+
+
+def test_a_query_whose_answer_raises_in_a_callback_is_failed_with_500() -> None:
+    """The query's own finish (run from a replica's or the deadline timer's callback) turns
+    an exception while answering into a 500 for that request, and does not raise."""
+    from types import SimpleNamespace
+
+    from clipper.frontend.prediction import AnswerFailed
+    from clipper.frontend.query import _Query
+
+    class Raising:
+        def __init__(self) -> None:
+            self.failed: list[Any] = []
+
+        def answer(self, predictions: list[Prediction]) -> None:
+            raise RuntimeError("boom")
+
+        def fail(self, err: Any) -> None:
+            self.failed.append(err)
+
+    reply = Raising()
+    proc: Any = SimpleNamespace(predictions=lambda q: [Prediction(1, 1.0)])
+    q = _Query(proc, _app(), 1, reply=reply, t0=0.0, model="m")
+    q.fill(0, 1.0, None)  # the last input arrives: finish() answers, answer() raises
+    (err,) = reply.failed
+    assert isinstance(err, AnswerFailed)
+    assert err.status == 500
+    assert err.cause == "answering a query of application 'a' failed: RuntimeError: boom"
+    q.fill(0, 2.0, None)  # a late result after the answer is ignored
+    assert len(reply.failed) == 1

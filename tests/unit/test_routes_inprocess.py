@@ -106,7 +106,9 @@ async def test_unknown_app_is_404(inproc_frontend: InProcessFrontend) -> None:
     doc = error_of(
         await inproc_frontend.query.post("/no-such-app/predict", json={"input": [1.0]}), 404
     )
-    assert "registered applications: ['lonely']" in doc["cause"]
+    # Callers on the query port do not learn the other applications' names.
+    assert "lonely" not in doc["cause"]
+    assert doc["cause"] == "no application named 'no-such-app'"
 
 
 @pytest.mark.parametrize(

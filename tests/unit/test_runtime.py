@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from clipper.batching.scheduler import ModelScheduler
-from clipper.clock import MonotonicClock
+from clipper.clock import Clock, FakeClock, MonotonicClock
 from clipper.config import BatchingConfig
 from clipper.errors import RegistryError, ReplicaError
 from clipper.inputs import InputType
@@ -62,6 +62,7 @@ class FakeReplica:
 class FakeManager:
     running: dict[tuple[str, str], int] = field(default_factory=dict)
     calls: list[tuple[str, str, int]] = field(default_factory=list)
+    forgotten: list[tuple[str, str]] = field(default_factory=list)
 
     async def ensure(self, mv: ModelVersion, replicas: int) -> None:
         await asyncio.sleep(0)
@@ -82,6 +83,9 @@ class FakeManager:
 
     def logs(self, max_bytes: int) -> list[tuple[str, str]]:
         return []
+
+    async def forget(self, name: str, version: str) -> None:
+        self.forgotten.append((name, version))
 
 
 class FakeScheduler:
@@ -117,7 +121,9 @@ class Runtime:
     forgotten: list[str]
 
 
-async def runtime(store: FlakyStore | None = None, node: str = "node-a") -> Runtime:
+async def runtime(
+    store: FlakyStore | None = None, node: str = "node-a", clock: Clock | None = None
+) -> Runtime:
     """A frontend's services as the composition root wires them, started the same way."""
     store = store or FlakyStore()
     if not store._open:
@@ -131,7 +137,7 @@ async def runtime(store: FlakyStore | None = None, node: str = "node-a") -> Runt
         registry,
         manager,
         schedulers,
-        clock=MonotonicClock(),
+        clock=clock or MonotonicClock(),
         make_scheduler=lambda mv, slo: cast(ModelScheduler, FakeScheduler(mv, slo)),
         remove_replicas=lambda sched: None,
         on_app_deleted=forgotten.append,
@@ -463,3 +469,23 @@ async def test_a_commit_touches_only_what_it_changes(monkeypatch: pytest.MonkeyP
     await rt.control.update_app("app-7", latency_slo_micros=9_000)
     await rt.control.add_app(app("one-more"))
     assert calls["to_record"] <= 6 and calls["from_record"] <= 2, calls
+
+
+async def test_a_deleted_versions_logs_are_forgotten_after_the_grace_period() -> None:
+    clock = FakeClock()
+    rt = await runtime(clock=clock)
+    for v in ("1", "2"):
+        await rt.control.register_model(version(v, n=0))
+    await settle(rt)
+    for v in ("1", "2"):
+        await rt.control.delete_version("m", v)
+        await rt.reconciler.settled("m", v)
+    await rt.control.register_model(version("2", n=0))  # back within the grace period
+    await settle(rt)
+    clock.advance(299.0)
+    await asyncio.sleep(0)
+    assert rt.manager.forgotten == []  # still within the default 300 s grace
+    clock.advance(2.0)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert rt.manager.forgotten == [("m", "1")]  # "2" was registered again: its logs stay

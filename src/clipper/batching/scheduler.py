@@ -138,6 +138,7 @@ class ModelScheduler:
         self.replicas.remove(replica)
         replica.scheduler = None
         self._replica_gauge.set(len(self.replicas))
+        self._metrics.forget_replica(self.mv.name, self.mv.version, str(replica.replica_id))
         for tasks, _ in replica.in_flight.values():
             self.queue.requeue(tasks)
         replica.in_flight.clear()
@@ -367,5 +368,7 @@ class ModelScheduler:
             r.scheduler = None
         self.replicas.clear()
         self._replica_gauge.set(0)
+        # Its series go with it (the queue-depth one also held this scheduler alive).
+        self._metrics.forget_version(self.mv.name, self.mv.version)
         for task in tasks:
             self._deliver(task, None, reason)

@@ -65,7 +65,7 @@ from clipper.rpc.wire import (
     json_default,
 )
 
-__all__ = ["ERROR_KEY", "decode_inputs", "load_model", "main", "serve"]
+__all__ = ["ERROR_KEY", "RepeatedErrors", "decode_inputs", "load_model", "main", "serve"]
 
 ERROR_KEY = "__clipper_error__"
 
@@ -176,6 +176,7 @@ class _Server:
         self.parent_was_ours = parent_pid is not None and os.getppid() == parent_pid
         self.stop = stop_event
         self.log = log
+        self.repeats = RepeatedErrors(log)
         # Bumped on every reconnect: results of an older session are dropped, since the
         # frontend would not know the new identity's outstanding batches anyway.
         self.session = 0
@@ -215,7 +216,7 @@ class _Server:
         try:
             outputs = self.predict(inputs)
         except Exception as e:
-            self.log.exception("predict raised on a batch of %d", req.n)
+            self.repeats.exception(e, "predict raised on a batch of %d", req.n)
             return self.error(req, fast, f"{type(e).__name__}: {e}")
         problem = _check_outputs(outputs, req.n)
         if problem is not None:
@@ -236,7 +237,7 @@ class _Server:
         try:
             update(inputs, labels)
         except Exception as e:
-            self.log.exception("update raised on %d labelled inputs", req.n)
+            self.repeats.exception(e, "update raised on %d labelled inputs", req.n)
             return self.error(req, True, f"{type(e).__name__}: {e}")
         return encode_predict_response_fast(req.msg_id_bytes, [])
 
@@ -318,6 +319,7 @@ class _Server:
                 poller.register(sock, zmq.POLLIN)
                 last_rx = now
                 connected = False
+        self.repeats.flush()
         self.log.info("stopping")
         sock.close(linger=0)
 
@@ -428,6 +430,63 @@ def serve(
         log=log,
         token=token,
     ).run()
+
+
+class RepeatedErrors:
+    """One traceback per kind of failure, then a count: a model that fails every batch the
+    same way (a bad-shape query sent in a loop) would otherwise write a traceback per batch
+    (0.6 MB/s). A kind is the exception's type and the line that raised it; its first
+    occurrence is logged in full, the repeats within ``window_s`` are counted and summed up
+    as "... and 4,211 more like it" when the window is over (at the next one, or at exit)."""
+
+    def __init__(
+        self,
+        log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
+        *,
+        window_s: float = 60.0,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = log
+        self.window_s = window_s
+        self.now = now
+        self._kinds: dict[tuple[str, str], list[float]] = {}  # kind -> [window start, count]
+
+    @staticmethod
+    def kind(exc: BaseException) -> tuple[str, str]:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
+        return type(exc).__name__, where
+
+    def exception(self, exc: BaseException, msg: str, *args: object) -> None:
+        """Log ``msg`` with ``exc``'s traceback, or count it when its kind was just logged."""
+        key = self.kind(exc)
+        t = self.now()
+        seen = self._kinds.get(key)
+        if seen is not None and t - seen[0] < self.window_s:
+            seen[1] += 1
+            return
+        if seen is not None:
+            self._summary(key, seen)
+        self._kinds[key] = [t, 0]
+        self.log.error(msg, *args, exc_info=exc)
+
+    def flush(self) -> None:
+        """The counts not yet reported (at exit)."""
+        for key, seen in self._kinds.items():
+            self._summary(key, seen)
+        self._kinds.clear()
+
+    def _summary(self, key: tuple[str, str], seen: list[float]) -> None:
+        if seen[1]:
+            self.log.error(
+                "... and %s more like it (%s at %s) in %.0f s",
+                f"{int(seen[1]):,}",
+                key[0],
+                key[1],
+                min(self.now() - seen[0], self.window_s),
+            )
 
 
 class _Prefixed(logging.LoggerAdapter[logging.Logger]):

@@ -18,9 +18,11 @@ side (:class:`Control`) to change, the container manager for replica processes a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
+import shutil
 import tarfile
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
@@ -34,8 +36,11 @@ from clipper.choices import OVERLOAD
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, NotFoundError, RegistryError
 from clipper.frontend.admin_fields import (
+    DEFAULT_MAX_UPLOAD_FILES,
+    DEFAULT_MAX_UPLOAD_UNPACKED_BYTES,
     SCHEMAS,
     TEXT,
+    ArchiveTooLarge,
     FieldError,
     OperationError,
     Reply,
@@ -118,7 +123,11 @@ class AdminApi:
         metrics: Metrics,
         clock: Clock,
         state_dir: Path,
+        max_upload_unpacked_bytes: int = DEFAULT_MAX_UPLOAD_UNPACKED_BYTES,
+        max_upload_files: int = DEFAULT_MAX_UPLOAD_FILES,
     ) -> None:
+        self.max_upload_unpacked_bytes = max_upload_unpacked_bytes
+        self.max_upload_files = max_upload_files
         self.registry = registry
         self.control = control
         self.schedulers = schedulers
@@ -557,11 +566,39 @@ class AdminApi:
                 return json_reply({"model_name": name, "model_version": version, "num_replicas": n})
             # Refuse before writing: the running version's file must stay as it is.
             raise OperationError(f"model with name '{name}' and version '{version}' already exists")
+        try:
+            return await self._unpack_and_deploy(
+                base, body, digest, name, version, itype, n, batching
+            )
+        except BaseException:
+            # A failed deploy leaves nothing behind (cancelled ones too): unless the version
+            # got into the registry after all, its upload directory goes.
+            if version not in self.registry.models.get(name, {}):
+                await asyncio.shield(asyncio.to_thread(_remove_upload, base))
+            raise
+
+    async def _unpack_and_deploy(  # noqa: PLR0917 (one caller, the upload)
+        self,
+        base: Path,
+        body: bytes,
+        digest: str,
+        name: str,
+        version: str,
+        itype: InputType,
+        n: int,
+        batching: BatchingConfig | None,
+    ) -> Reply:
         await asyncio.to_thread(write_file, base / _DIGEST_FILE, digest.encode())
         if body[:2] == b"\x1f\x8b":  # gzip: an artifact directory
             try:
-                await asyncio.to_thread(extract_archive, base / "artifact", body)
-            except (tarfile.TarError, OSError) as e:
+                await asyncio.to_thread(
+                    extract_archive,
+                    base / "artifact",
+                    body,
+                    max_bytes=self.max_upload_unpacked_bytes,
+                    max_files=self.max_upload_files,
+                )
+            except (tarfile.TarError, OSError, ArchiveTooLarge) as e:
                 raise OperationError(f"the uploaded archive cannot be unpacked: {e}") from None
             path = base / "artifact"
             inner = path / "model.pkl"
@@ -763,3 +800,10 @@ def _selection_fields(doc: dict[str, Any]) -> dict[str, Any]:
     if "online_learning" in doc:
         out["online_learning"] = bool_field(doc, "online_learning")
     return out
+
+
+def _remove_upload(base: Path) -> None:
+    """An upload's ``<name>/<version>`` directory, and ``<name>`` when nothing else is left."""
+    shutil.rmtree(base, ignore_errors=True)
+    with contextlib.suppress(OSError):  # only when empty: other versions of the model stay
+        base.parent.rmdir()

@@ -22,8 +22,11 @@ from clipper.frontend.http import JSON
 from clipper.inputs import InputType
 
 __all__ = [
+    "DEFAULT_MAX_UPLOAD_FILES",
+    "DEFAULT_MAX_UPLOAD_UNPACKED_BYTES",
     "SCHEMAS",
     "TEXT",
+    "ArchiveTooLarge",
     "FieldError",
     "OperationError",
     "Reply",
@@ -251,11 +254,46 @@ def write_file(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-def extract_archive(dest: Path, archive: bytes) -> None:
+class ArchiveTooLarge(ClipperError):
+    """An uploaded archive over the unpacked-size or file-count limit (a decompression bomb
+    or a mistake): refused before it fills the disk."""
+
+
+# Generous for a model directory, far below what a small archive can claim to unpack to.
+DEFAULT_MAX_UPLOAD_UNPACKED_BYTES = 2 * 2**30
+DEFAULT_MAX_UPLOAD_FILES = 10_000
+
+
+def extract_archive(
+    dest: Path,
+    archive: bytes,
+    *,
+    max_bytes: int = DEFAULT_MAX_UPLOAD_UNPACKED_BYTES,
+    max_files: int = DEFAULT_MAX_UPLOAD_FILES,
+) -> None:
     """Unpack an uploaded artifact; the "data" filter refuses absolute paths, links out of
-    the directory and device files, so an upload cannot write outside ``dest``."""
+    the directory and device files, so an upload cannot write outside ``dest``.
+
+    Read as a stream, member by member, each checked before it is written: an archive whose
+    members add up to more than ``max_bytes`` or ``max_files`` stops there (raising
+    :class:`ArchiveTooLarge`; the caller removes what was written), so a small upload cannot
+    unpack into gigabytes, and nothing past the limit is even decompressed."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        tar.extractall(dest, filter="data")
+    total = files = 0
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r|gz") as tar:
+        for member in tar:
+            files += 1
+            total += max(member.size, 0)
+            if files > max_files:
+                raise ArchiveTooLarge(
+                    f"the archive has more than {max_files} entries "
+                    "(the limit is --max-upload-files)"
+                )
+            if total > max_bytes:
+                raise ArchiveTooLarge(
+                    f"the archive unpacks to more than {max_bytes} bytes "
+                    "(the limit is --max-upload-unpacked-bytes)"
+                )
+            tar.extract(member, dest, filter="data")

@@ -27,7 +27,13 @@ from clipper.errors import (
     ReplicaError,
     RequestError,
 )
-from clipper.frontend.prediction import DefaultReason, FeedbackReply, Prediction, Reply
+from clipper.frontend.prediction import (
+    DefaultReason,
+    FeedbackReply,
+    Prediction,
+    Reply,
+    fail_internal,
+)
 from clipper.inputs import parse_input
 from clipper.registry import Application
 from clipper.selection import SelectionPolicy, UserStates, make_loss, make_policy
@@ -157,8 +163,11 @@ class SelectionRuntime:
             return
 
         async def load_then_run() -> None:
-            state = await self.state_for(sel, uid)
-            self._run(sel, state, payloads, reply, t0, slo_s)
+            try:
+                state = await self.state_for(sel, uid)
+                self._run(sel, state, payloads, reply, t0, slo_s)
+            except Exception as e:  # a task: nobody else would answer
+                fail_internal(reply, f"a query of application '{app.name}'", e)
 
         self.spawn(load_then_run())
 
@@ -247,6 +256,8 @@ class SelectionRuntime:
             reply.received()
         except ClipperError as e:
             reply.fail(FeedbackError(str(e)))
+        except Exception as e:  # a task: nobody else would answer
+            fail_internal(reply, f"feedback for application '{app.name}'", e)
 
     async def _ask(
         self, app: Application, payload: bytes, models: list[tuple[str, str]]
@@ -365,7 +376,10 @@ class EnsembleQuery:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        reply.answer(self.proc.ensemble_predictions(self))
+        try:
+            reply.answer(self.proc.ensemble_predictions(self))
+        except Exception as e:  # runs in a replica's or the timer's callback
+            fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
 
 
 def combine_one(q: EnsembleQuery, i: int, query_id: int) -> Prediction:

@@ -8,12 +8,23 @@ its own edge, and renders a refused query (a :class:`RequestError`) in its own e
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from clipper.errors import RequestError
 
-__all__ = ["DefaultReason", "FeedbackReply", "Prediction", "Reply"]
+__all__ = [
+    "AnswerFailed",
+    "DefaultReason",
+    "FeedbackReply",
+    "Prediction",
+    "Reply",
+    "answer_failed",
+    "fail_internal",
+]
+
+log = logging.getLogger("clipper.answers")
 
 
 class DefaultReason(enum.StrEnum):
@@ -71,3 +82,27 @@ class FeedbackReply(Protocol):
 
     def fail(self, err: RequestError) -> None:
         """The feedback could not be learned from."""
+
+
+class AnswerFailed(RequestError):
+    """The query was accepted but its answer could not be made or encoded (a bug, or an
+    output no protocol can carry): answered 500 / INTERNAL rather than never."""
+
+    status = 500
+    error = "Internal error"
+
+
+def answer_failed(what: str, exc: BaseException) -> AnswerFailed:
+    """Log ``exc`` with its traceback and return the error to answer with."""
+    log.error("%s failed; answering 500", what, exc_info=exc)
+    return AnswerFailed(f"{what} failed: {type(exc).__name__}: {exc}")
+
+
+def fail_internal(reply: Reply | FeedbackReply, what: str, exc: BaseException) -> None:
+    """The last resort of a callback path: an exception while answering becomes a 500 for
+    the request, so that no query is left unanswered (and no pipelined request behind it
+    stalls). ``reply.fail`` after a partial ``answer`` is harmless: every reply answers once."""
+    try:
+        reply.fail(answer_failed(what, exc))
+    except Exception:  # nothing is left to answer with; keep the loop alive
+        log.exception("failing %s with 500 also failed", what)

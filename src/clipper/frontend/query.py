@@ -29,7 +29,13 @@ from clipper.errors import (
     RequestError,
 )
 from clipper.frontend.ensemble import EnsembleQuery, SelectionRuntime, combine_one, parse_uid
-from clipper.frontend.prediction import DefaultReason, FeedbackReply, Prediction, Reply
+from clipper.frontend.prediction import (
+    DefaultReason,
+    FeedbackReply,
+    Prediction,
+    Reply,
+    fail_internal,
+)
 from clipper.inputs import parse_input
 from clipper.metrics import Metrics
 from clipper.registry import Application, Registry
@@ -172,7 +178,10 @@ class _Query:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        reply.answer(self.proc.predictions(self))
+        try:
+            reply.answer(self.proc.predictions(self))
+        except Exception as e:  # runs in a replica's or the timer's callback
+            fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
 
 
 class QueryProcessor:
@@ -210,10 +219,8 @@ class QueryProcessor:
         t0 = self.clock.now()
         app = self.registry.apps.get(app_name)
         if app is None:
-            raise NotFoundError(
-                f"no application named '{app_name}'; registered applications: "
-                f"{sorted(self.registry.apps) or 'none'}"
-            )
+            # Not the list of the others: callers on the query port need not learn them.
+            raise NotFoundError(f"no application named '{app_name}'")
         items, version, uid = self._parse_predict(app, body)
         # Only true/false hold an "e" among JSON's non-string tokens besides exponents, and a
         # one-byte search is 20x cheaper than searching for the words; "e" means scan types.
@@ -432,6 +439,17 @@ class QueryProcessor:
                 self.metrics.defaults.labels(app=app_name, reason=pred.reason).inc()
             out.append(pred)
         return out
+
+    def forget_app(self, app: str) -> None:
+        """A deleted application: its metric series go, and the children held for them."""
+        self._app_metrics.pop(app, None)
+        self.metrics.forget_app(app)
+
+    def forget_version(self, model: str, version: str) -> None:
+        """A deleted model version: drop the cache-metric children held for it (their series
+        were removed; a version registered again under the name gets new ones)."""
+        self._cache_metrics.pop((model, version), None)
+        self.metrics.forget_version(model, version)
 
     def _app_counters(self, app: str) -> tuple[Any, Any]:
         m = self._app_metrics.get(app)

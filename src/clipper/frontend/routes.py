@@ -8,6 +8,7 @@ original ``POST /<app>/predict`` document, and refused queries are rendered by
 
 from __future__ import annotations
 
+import hmac
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -15,13 +16,20 @@ import orjson
 from clipper.errors import NotFoundError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.http import JSON, Respond, error_body, json_response
-from clipper.frontend.prediction import Prediction
+from clipper.frontend.prediction import Prediction, answer_failed
 
 if TYPE_CHECKING:
     from clipper.frontend.admin import AdminApi
     from clipper.runtime.catalog import QueryServices
 
-__all__ = ["AdminRoutes", "QueryRoutes", "RestReply", "encode_predictions"]
+__all__ = [
+    "AdminRoutes",
+    "QueryRoutes",
+    "RestReply",
+    "bearer_token_matches",
+    "encode_predictions",
+    "repeated_authorization",
+]
 
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # outputs decoded from replicas may be NumPy values
@@ -74,7 +82,12 @@ class RestReply:
         self.respond = respond
 
     def answer(self, predictions: list[Prediction]) -> None:
-        self.respond(200, encode_predictions(predictions), JSON)
+        try:
+            body = encode_predictions(predictions)
+        except Exception as e:  # called back by the query: must answer
+            self.fail(answer_failed("encoding a Clipper REST answer", e))
+            return
+        self.respond(200, body, JSON)
 
     def received(self) -> None:
         self.respond(200, b"Feedback received? 1", JSON)  # the original's answer, verbatim
@@ -127,25 +140,53 @@ class QueryRoutes:
         )
 
 
+_UNAUTHORIZED = (
+    b'{"error": "Unauthorized", "cause": "this admin API needs the header '
+    b'Authorization: Bearer <token>"}'
+)
+_DUPLICATE_AUTH = (
+    b'{"error": "Bad request", "cause": "the Authorization header was given more than once"}'
+)
+
+
+def bearer_token_matches(header: bytes | None, token: bytes) -> bool:
+    """``Authorization: Bearer <token>``, the scheme in any case (RFC 9110: schemes are
+    case-insensitive), the token compared in constant time so that the time of a refusal
+    says nothing of how much of a guess was right."""
+    if header is None:
+        return False
+    scheme, _, credentials = header.strip().partition(b" ")
+    if scheme.lower() != b"bearer":
+        return False
+    return hmac.compare_digest(credentials.strip(), token)
+
+
+def repeated_authorization(header: bytes | None) -> bool:
+    """A repeated header reaches the router as one value joined by commas (RFC 9110 5.3:
+    how proxies and a conforming HTTP layer combine them); a token never holds a comma, so
+    a comma means two credentials, and which one counts is ambiguous: refuse both."""
+    return header is not None and b"," in header
+
+
 class AdminRoutes:
     """Port 1338: the bearer token, when one is configured, then the admin API."""
 
     def __init__(self, api: AdminApi, token: str | None) -> None:
         self.api = api
         self.token = token
+        self._token = token.encode() if token is not None else None
 
     def __call__(
         self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
     ) -> None:
-        token = self.token
-        if token is not None and headers.get(b"authorization", b"") != b"Bearer " + token.encode():
-            respond(
-                401,
-                b'{"error": "Unauthorized", "cause": "this admin API needs the header '
-                b'Authorization: Bearer <token>"}',
-                JSON,
-            )
-            return
+        if self._token is not None:
+            auth = headers.get(b"authorization")
+            if repeated_authorization(auth):
+                respond(400, _DUPLICATE_AUTH, JSON)
+                return
+            if not bearer_token_matches(auth, self._token):
+                respond(401, _UNAUTHORIZED, JSON)
+                return
         self.api.route(method, path, headers, body, respond)
 
 

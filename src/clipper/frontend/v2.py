@@ -21,7 +21,7 @@ import orjson
 
 from clipper.errors import BadInputError, NotFoundError, RequestError
 from clipper.frontend.http import JSON, Respond
-from clipper.frontend.prediction import Prediction
+from clipper.frontend.prediction import Prediction, answer_failed
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
     InferRequest,
@@ -86,6 +86,8 @@ def handle(  # noqa: PLR0917 (the router's signature)
         _route(svc, method, path, headers, body, respond)
     except RequestError as err:
         error_response(respond, err)
+    except Exception as e:  # the V2 error form, not the HTTP layer's text
+        error_response(respond, answer_failed(f"serving {method.decode()} {path}", e))
 
 
 def _route(  # noqa: PLR0917
@@ -328,9 +330,13 @@ class _V2Reply:
 
     def answer(self, predictions: list[Prediction]) -> None:
         request = self.request
-        header, raw = encode_response(
-            self.model, self.version, request.id, predictions, binary=request.binary_output
-        )
+        try:
+            header, raw = encode_response(
+                self.model, self.version, request.id, predictions, binary=request.binary_output
+            )
+        except Exception as e:  # called back by the query: must answer
+            self.fail(answer_failed("encoding a V2 infer response", e))
+            return
         if raw is None:
             self.respond(200, header, JSON)
         else:

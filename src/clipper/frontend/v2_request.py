@@ -127,10 +127,8 @@ class InferRequest:
 def find_app(registry: Registry, name: str) -> Application:
     app = registry.apps.get(name)
     if app is None:
-        raise NotFoundError(
-            f"unknown model '{name}': a V2 model is a clipper-serve application; "
-            f"registered applications: {sorted(registry.apps) or 'none'}"
-        )
+        # Not the list of the others: callers on the query port need not learn them.
+        raise NotFoundError(f"unknown model '{name}': a V2 model is a clipper-serve application")
     return app
 
 
@@ -337,20 +335,46 @@ def _is_num(v: Any) -> bool:
     return type(v) is int or type(v) is float
 
 
+def _is_bool(v: Any) -> bool:
+    return type(v) is bool
+
+
+_I64 = (-(2**63), 2**63 - 1)
+_U64_MAX = 2**64 - 1
+
+
+def _int_datatype(values: list[int]) -> str | None:
+    """INT64 when every value fits it, else UINT64 when every value fits that (a uint64
+    output >= 2**63), else None: no integer tensor can carry them exactly."""
+    lo, hi = min(values), max(values)
+    if lo >= _I64[0] and hi <= _I64[1]:
+        return "INT64"
+    if lo >= 0 and hi <= _U64_MAX:
+        return "UINT64"
+    return None
+
+
 def output_tensor(outputs: list[Any]) -> tuple[str, list[int], list[Any]]:
     """(datatype, shape, flat data) of the rows' outputs stacked: scalars as ``[n]``, equal
-    length arrays of numbers as ``[n, k]``, anything else as BYTES of each output's JSON."""
+    length arrays as ``[n, k]``, typed BOOL (booleans), INT64 or UINT64 (integers, by their
+    range) or FP64 (numbers); anything else as BYTES of each output's JSON."""
     n = len(outputs)
-    if all(_is_int(o) for o in outputs):
-        return "INT64", [n], outputs
-    if all(_is_num(o) for o in outputs):
-        return "FP64", [n], outputs
+    shape = [n]
+    flat = outputs
     if all(type(o) is list for o in outputs):
         k = len(outputs[0])
-        if k and all(len(o) == k and all(_is_num(v) for v in o) for o in outputs):
+        if k and all(len(o) == k for o in outputs):
+            shape = [n, k]
             flat = [v for o in outputs for v in o]
-            kind = "INT64" if all(_is_int(v) for v in flat) else "FP64"
-            return kind, [n, k], flat
+    if flat is outputs or all(type(v) is not list for v in flat):
+        if all(_is_bool(v) for v in flat):
+            return "BOOL", shape, flat
+        if all(_is_int(v) for v in flat):
+            kind = _int_datatype(flat)
+            if kind is not None:
+                return kind, shape, flat
+        elif all(_is_num(v) for v in flat):
+            return "FP64", shape, flat
     if any(isinstance(o, np.generic | np.ndarray) for o in outputs):
         # A policy's combination may be a NumPy value: as the Python value it stands for.
         return output_tensor(
@@ -361,10 +385,8 @@ def output_tensor(outputs: list[Any]) -> tuple[str, list[int], list[Any]]:
 
 def raw_tensor(datatype: str, flat: list[Any]) -> bytes:
     """Little-endian elements; BYTES elements as a 4-byte length and the bytes (Triton's)."""
-    if datatype == "INT64":
-        return np.asarray(flat, dtype="<i8").tobytes()
-    if datatype == "FP64":
-        return np.asarray(flat, dtype="<f8").tobytes()
+    if datatype != "BYTES":
+        return np.asarray(flat, dtype=NP_DTYPES[datatype]).tobytes()
     parts = []
     for text in flat:
         b = text.encode()

@@ -87,6 +87,11 @@ class ContainerManager(Protocol):
         """(name, last ``max_bytes`` of text) of each replica log this manager keeps."""
         ...
 
+    async def forget(self, name: str, version: str) -> None:
+        """A deleted version: remove what the manager keeps of it (its replicas' logs). Called
+        after a grace period, and only while the version stays deleted."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ManagerContext:
@@ -101,6 +106,7 @@ class ManagerContext:
     on_exit: Callable[[str], None] | None
     drain: Callable[[str], Awaitable[None]] | None
     nice: int
+    log_max_bytes: int = 10 * 2**20
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
@@ -118,6 +124,7 @@ def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
         on_exit=ctx.on_exit,
         drain=ctx.drain,
         nice=ctx.nice,
+        log_max_bytes=ctx.log_max_bytes,
     )
 
 
@@ -158,3 +165,6 @@ class ExternalManager:
 
     def logs(self, max_bytes: int) -> list[tuple[str, str]]:
         return []
+
+    async def forget(self, name: str, version: str) -> None:
+        await asyncio.sleep(0)  # it keeps nothing: the containers' logs are their owners'

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ from clipper.clock import Clock
 from clipper.errors import ReplicaError
 from clipper.registry import ModelVersion
 
-__all__ = ["LocalManager", "ReplicaProcess"]
+__all__ = ["LOG_MAX_BYTES", "LocalManager", "ReplicaProcess", "RotatingLog"]
 
 log = logging.getLogger("clipper.manager")
 
@@ -30,6 +31,10 @@ _BACKOFF_START = 0.1
 _BACKOFF_MAX = 5.0
 _STABLE_AFTER = 10.0
 _STOP_GRACE = 3.0
+# A replica's log (its stdout and stderr) rotates past this size, keeping one previous file
+# (<log>.1): at most about twice this on disk per replica slot, however much a model prints.
+LOG_MAX_BYTES = 10 * 2**20
+_PIPE_CHUNK = 64 * 1024
 
 OnExit = Callable[[str], None]
 Drain = Callable[[str], Awaitable[None]]
@@ -80,7 +85,9 @@ class LocalManager:
         on_exit: OnExit | None = None,
         drain: Drain | None = None,
         nice: int = 0,
+        log_max_bytes: int = LOG_MAX_BYTES,
     ) -> None:
+        self.log_max_bytes = log_max_bytes
         self._rpc_host = rpc_host
         self._rpc_port = rpc_port
         self.state_dir = state_dir
@@ -111,6 +118,22 @@ class LocalManager:
                 continue
             out.append((path.name, data.decode("utf-8", "replace")))
         return out
+
+    async def forget(self, name: str, version: str) -> None:
+        """Remove the logs of a deleted version's replica slots (``<m>-<v>-<slot>.log`` and
+        its rotated ``.1``), unless a slot of that name runs again."""
+        if (name, version) in self._groups:
+            return  # registered and started again: its logs are live
+        prefix = f"{name}-{version}-"
+
+        def remove() -> None:
+            for path in (self.state_dir / "logs").glob(f"{glob.escape(prefix)}*.log*"):
+                rest = path.name[len(prefix) :]
+                slot, _, suffix = rest.partition(".")
+                if slot.isdigit() and suffix in ("log", "log.1"):
+                    path.unlink(missing_ok=True)
+
+        await asyncio.to_thread(remove)
 
     async def ensure(self, mv: ModelVersion, replicas: int) -> None:
         """Start or stop processes until ``replicas`` slots are running."""
@@ -188,21 +211,27 @@ class LocalManager:
             self._generation += 1
             proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._generation}"
             started = self.clock.now()
-            with proc.log_path.open("ab") as logf:
-                child = await asyncio.create_subprocess_exec(
-                    *self._command(mv, proc),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=logf,
-                    stderr=logf,
-                    env=self._env(),
-                )
+            # Through a pipe, not the file itself: the manager writes it, rotated by size.
+            child = await asyncio.create_subprocess_exec(
+                *self._command(mv, proc),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self._env(),
+            )
+            assert child.stdout is not None
+            copier = asyncio.create_task(
+                _copy_log(child.stdout, RotatingLog(proc.log_path, self.log_max_bytes))
+            )
             proc.pid = child.pid
             try:
                 code = await child.wait()
             except asyncio.CancelledError:
                 await _terminate(child)
+                await _finish_copy(copier)
                 proc.pid = None
                 raise
+            await _finish_copy(copier)
             proc.pid = None
             proc.last_exit = code
             if self.on_exit is not None:
@@ -236,3 +265,46 @@ async def _terminate(child: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             child.kill()
         await child.wait()
+
+
+class RotatingLog:
+    """A log file capped in size: past ``max_bytes`` it becomes ``<path>.1`` (replacing the
+    previous one) and a new file starts. :meth:`write` blocks on the disk: call it in a
+    thread."""
+
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+
+    def write(self, data: bytes) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size and size + len(data) > self.max_bytes:
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        with self.path.open("ab") as f:
+            f.write(data)
+
+
+async def _copy_log(stream: asyncio.StreamReader, log_file: RotatingLog) -> None:
+    """The child's output into its log until EOF; the disk writes run in a thread, so a
+    replica printing fast never holds the event loop."""
+    while chunk := await stream.read(_PIPE_CHUNK):
+        try:
+            await asyncio.to_thread(log_file.write, chunk)
+        except OSError as e:  # a full disk must not stop the replica: it would block on the pipe
+            log.warning("cannot write replica log %s: %s", log_file.path, e)
+
+
+async def _finish_copy(copier: asyncio.Task[None]) -> None:
+    """Let the copy reach EOF (a grandchild holding the pipe open gets a second), then stop."""
+    try:
+        await asyncio.wait_for(asyncio.shield(copier), 1.0)
+    except TimeoutError:
+        copier.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await copier
+    except asyncio.CancelledError:
+        copier.cancel()  # our own task is being cancelled: stop the copy too, and go
+        raise

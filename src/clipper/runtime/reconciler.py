@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 
 from clipper.batching.scheduler import ModelScheduler
-from clipper.clock import Clock, wait_event
+from clipper.clock import Clock, TimerHandle, wait_event
 from clipper.errors import RegistryError
 from clipper.managers.base import ContainerManager
 from clipper.registry import Change, ModelVersion, Registry
@@ -47,6 +47,8 @@ class Reconciler:
         make_scheduler: Callable[[ModelVersion, float], ModelScheduler],
         remove_replicas: Callable[[ModelScheduler], None],
         on_app_deleted: Callable[[str], None] = lambda name: None,
+        on_version_deleted: Callable[[str, str], None] = lambda name, version: None,
+        forget_after_s: float = 300.0,
     ) -> None:
         self.registry = registry
         self.manager = manager
@@ -55,6 +57,11 @@ class Reconciler:
         self._make_scheduler = make_scheduler
         self._remove_replicas = remove_replicas
         self._on_app_deleted = on_app_deleted
+        self._on_version_deleted = on_version_deleted
+        # A deleted version's logs stay this long (to read why it went wrong), then go.
+        self._forget_after_s = forget_after_s
+        self._forget_timers: dict[Key, TimerHandle] = {}
+        self._forgetting: set[asyncio.Task[None]] = set()
         self._known: dict[Key, ModelVersion] = {}  # last settings of each version it ran
         self._retiring: dict[Key, ModelScheduler] = {}  # deleted, draining before it closes
         self._dirty: set[Key] = set()
@@ -74,6 +81,9 @@ class Reconciler:
 
     async def stop(self) -> None:
         self._stopped = True
+        for timer in self._forget_timers.values():
+            timer.cancel()
+        self._forget_timers.clear()
         tasks = list(self._workers.values())
         for task in tasks:
             task.cancel()
@@ -197,6 +207,32 @@ class Reconciler:
             if sched is not None:
                 self._remove_replicas(sched)
                 sched.close(RegistryError(f"model {name}:{version} was deleted"))
+            self._on_version_deleted(name, version)
+            self._forget_later(key)
+
+    def _forget_later(self, key: Key) -> None:
+        """After the grace period, the manager removes what it keeps of the version (its
+        logs), unless the version was registered again meanwhile."""
+        old = self._forget_timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+
+        def fire() -> None:
+            self._forget_timers.pop(key, None)
+            name, version = key
+            if self._stopped or version in self.registry.models.get(name, {}):
+                return
+            task = asyncio.get_running_loop().create_task(self._forget(key))
+            self._forgetting.add(task)
+            task.add_done_callback(self._forgetting.discard)
+
+        self._forget_timers[key] = self.clock.call_later(self._forget_after_s, fire)
+
+    async def _forget(self, key: Key) -> None:
+        try:
+            await self.manager.forget(*key)
+        except Exception:
+            log.exception("removing what is left of deleted %s:%s failed", *key)
 
     async def _drain(self, sched: ModelScheduler | None) -> None:
         """What a version was given is answered (or expired) before its replicas stop."""

@@ -27,7 +27,7 @@ from clipper.errors import BadInputError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
-from clipper.frontend.prediction import Prediction
+from clipper.frontend.prediction import Prediction, answer_failed
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
     InferRequest,
@@ -212,10 +212,15 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             )
         except RequestError as err:
             await abort(context, err)
+        except Exception as e:  # INTERNAL with the cause, not UNKNOWN
+            await abort(context, answer_failed("ModelInfer", e))
         result = await done
         if isinstance(result, RequestError):
             await abort(context, result)
-        return encode_response(app.name, model_version, infer, result)
+        try:
+            return encode_response(app.name, model_version, infer, result)
+        except Exception as e:
+            await abort(context, answer_failed("encoding a ModelInferResponse", e))
 
 
 def parse_infer(request: Any) -> InferRequest:
