@@ -82,8 +82,9 @@ def build_request(
 ) -> tuple[str, dict[bytes, bytes]]:
     """The router's ``path`` and ``headers`` for a request line's ``target`` (path and query
     string), as ``_Connection.on_message_complete`` builds them: header names lower-cased
-    (the last of repeated names wins), values as sent; ``:query`` holds the bytes after the
-    first ``?`` (present, possibly empty, whenever the target has a ``?``). A body comes with
+    (repeated names joined with ", ", as RFC 9110 says), values as sent; ``:query`` holds the
+    bytes after the first ``?`` (present, possibly empty, whenever the target has a ``?``). A
+    body comes with
     its ``content-length`` and every request with a ``host``, as an HTTP/1.1 client sends."""
     out: dict[bytes, bytes] = {b"host": HOST.encode()}
     if body:
@@ -91,7 +92,8 @@ def build_request(
     for name, value in (headers or {}).items():
         if name.startswith(":"):
             raise ValueError(f"{name!r}: no client can send a header whose name starts with ':'")
-        out[name.lower().encode("latin-1")] = value.encode("latin-1")
+        key, raw = name.lower().encode("latin-1"), value.encode("latin-1")
+        out[key] = raw if key not in out or key == b"host" else out[key] + b", " + raw
     url = target.encode("utf-8")
     q = url.find(b"?")
     path = (url if q < 0 else url[:q]).decode("utf-8", "replace")

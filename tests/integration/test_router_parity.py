@@ -37,6 +37,7 @@ async def raw_exchange(port: int, data: bytes, *, limit_s: float = 10.0) -> byte
     [
         ("POST", "/app/predict?trace=1&x=%20y", {"Content-Type": "application/json"}, b"{}"),
         ("GET", "/metrics?", {"Accept": "*/*", "X-Mixed-Case": "Value"}, b""),
+        ("GET", "/health", {"X-Twice": "a", "x-twice": "b"}, b""),
         ("GET", "/v2/models/m", {}, b""),
         ("POST", "/admin/upload_model?name=a&version=1", {"X-Clipper-Name": "n"}, b"\x1f\x8bxx"),
     ],

@@ -53,7 +53,7 @@ def test_build_request_query_and_header_rules() -> None:
     path, headers = build_request("/metrics?", {"Accept": "*/*", "ACCEPT": "text/plain"}, b"")
     assert path == "/metrics"
     assert headers[b":query"] == b""  # a bare "?" still makes the pseudo-header
-    assert headers[b"accept"] == b"text/plain"  # the last repeated name wins
+    assert headers[b"accept"] == b"*/*, text/plain"  # repeated names join, as the server does
     assert build_request("/a?b?c", None, b"")[1][b":query"] == b"b?c"
     with pytest.raises(ValueError, match="starts with ':'"):
         build_request("/x", {":query": "format=json"}, b"")

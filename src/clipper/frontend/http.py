@@ -353,7 +353,10 @@ class _Connection(asyncio.Protocol):
             )
             return
         name = name.lower()
-        self._headers[name] = value
+        prev = self._headers.get(name)
+        # Repeated fields join with ", " (RFC 9110 5.3): a route can see a duplicate (a second
+        # Authorization is refused) instead of silently getting the last one.
+        self._headers[name] = value if prev is None else prev + b", " + value
         if (
             name == b"content-length"
             and value.isdigit()
