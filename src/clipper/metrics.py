@@ -96,6 +96,16 @@ class Metrics:
             registry=r,
         )
 
+        # Incremented on the RPC authentication thread (prometheus_client counters are
+        # thread-safe).
+        self.rpc_refused = Counter(
+            "clipper_rpc_refused",
+            "Connections to the container RPC port refused at the handshake: no_keys (no or "
+            "wrong CURVE keys, e.g. an unauthenticated container) or unknown_key",
+            ["reason"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -101,6 +101,8 @@ class ManagerContext:
     on_exit: Callable[[str], None] | None
     drain: Callable[[str], Awaitable[None]] | None
     nice: int
+    # The CURVE key directory containers are given (--rpc-keys); None: the port is open.
+    rpc_keys: Path | None = None
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
@@ -118,6 +120,7 @@ def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
         on_exit=ctx.on_exit,
         drain=ctx.drain,
         nice=ctx.nice,
+        rpc_keys=ctx.rpc_keys,
     )
 
 
