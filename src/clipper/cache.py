@@ -7,6 +7,10 @@ cached. Eviction is second-chance CLOCK (as in Clipper) or LRU.
 
 Keys are compared by equality (dict semantics), so hash collisions never return a wrong answer.
 Not thread-safe: it lives on the event loop.
+
+An entry may name its *producer* (the replica that computed it): when that replica is removed
+as failed, :meth:`PredictionCache.forget_producer` drops everything it answered, so answers of a
+replica that turned out broken (or not ours) are never served again.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import contextlib
 import enum
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from clipper.choices import CACHE_POLICIES, CachePolicy
@@ -49,11 +53,12 @@ class CacheStats:
 
 
 class _Entry:
-    __slots__ = ("nbytes", "referenced", "value")
+    __slots__ = ("nbytes", "producer", "referenced", "value")
 
-    def __init__(self, value: object, nbytes: int) -> None:
+    def __init__(self, value: object, nbytes: int, producer: Hashable | None) -> None:
         self.value = value
         self.nbytes = nbytes
+        self.producer = producer
         self.referenced = False  # CLOCK's bit: set on a hit, cleared when the hand passes
 
 
@@ -65,6 +70,7 @@ class PredictionCache:
     """
 
     __slots__ = (
+        "_by_producer",
         "_bytes",
         "_done",
         "_evictions",
@@ -86,6 +92,7 @@ class PredictionCache:
         # LRU the front is the least recently used.
         self._done: OrderedDict[CacheKey, _Entry] = OrderedDict()
         self._pending: dict[CacheKey, list[Waiter]] = {}
+        self._by_producer: dict[Hashable, set[CacheKey]] = {}
         self._bytes = 0
         self._hits = self._misses = self._joins = self._evictions = 0
 
@@ -110,13 +117,16 @@ class PredictionCache:
         self._misses += 1
         return Lookup.MISS, None
 
-    def complete(self, key: CacheKey, value: object, nbytes: int) -> None:
+    def complete(
+        self, key: CacheKey, value: object, nbytes: int, producer: Hashable | None = None
+    ) -> None:
         """Store ``value`` (if it fits) and deliver it to every waiter, in registration order.
+        ``producer``: who computed it, for :meth:`forget_producer`.
 
         Also accepted with nothing pending: a late result still warms the cache.
         """
         waiters = self._pending.pop(key, None)
-        self._store(key, value, len(key[2]) + nbytes + _ENTRY_OVERHEAD)
+        self._store(key, value, len(key[2]) + nbytes + _ENTRY_OVERHEAD, producer)
         if waiters:
             _deliver(waiters, value, None)
 
@@ -144,9 +154,20 @@ class PredictionCache:
         entry = self._done.get(key)
         return None if entry is None else entry.value
 
+    def forget_producer(self, producer: Hashable) -> int:
+        """Drop every completed entry ``producer`` computed; returns how many."""
+        keys = self._by_producer.pop(producer, None)
+        if not keys:
+            return 0
+        for key in keys:
+            entry = self._done.pop(key)
+            self._bytes -= entry.nbytes
+        return len(keys)
+
     def clear(self) -> None:
         """Drop completed entries; in-flight computations and their waiters are kept."""
         self._done.clear()
+        self._by_producer.clear()
         self._bytes = 0
 
     @property
@@ -160,18 +181,33 @@ class PredictionCache:
             bytes=self._bytes,
         )
 
-    def _store(self, key: CacheKey, value: object, size: int) -> None:
+    def _store(self, key: CacheKey, value: object, size: int, producer: Hashable | None) -> None:
         old = self._done.pop(key, None)
         if old is not None:
             self._bytes -= old.nbytes  # a newer result for the same key supersedes the old one
+            self._unindex(key, old)
         if size > self._max_bytes:
             return  # also covers max_bytes == 0 (disabled)
         # Make room first, then insert behind the hand, as CLOCK puts a new page in the
         # victim's slot: the newcomer is then the last one the hand reaches.
         while self._bytes + size > self._max_bytes:
             self._evict_one()
-        self._done[key] = _Entry(value, size)
+        self._done[key] = _Entry(value, size, producer)
         self._bytes += size
+        if producer is not None:
+            keys = self._by_producer.get(producer)
+            if keys is None:
+                keys = self._by_producer[producer] = set()
+            keys.add(key)
+
+    def _unindex(self, key: CacheKey, entry: _Entry) -> None:
+        if entry.producer is None:
+            return
+        keys = self._by_producer.get(entry.producer)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_producer[entry.producer]  # no dead replicas kept alive here
 
     def _evict_one(self) -> None:
         done = self._done
@@ -184,6 +220,7 @@ class PredictionCache:
                 continue
             self._bytes -= entry.nbytes
             self._evictions += 1
+            self._unindex(key, entry)
             return
 
 

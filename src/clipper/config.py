@@ -98,6 +98,20 @@ class FrontendConfig:
     query_port: int = field(default=1337, metadata=cli("query API port"))
     rpc_host: str = field(default="127.0.0.1", metadata=cli("container RPC address"))
     rpc_port: int = field(default=7000, metadata=cli("container RPC port"))
+    # Containers prove they were started by this deployment (ZeroMQ CURVE keys, made in
+    # rpc_keys_dir on the first start); off only for containers that cannot do CURVE (the
+    # original rpc.py), and then the RPC port must stay on loopback.
+    rpc_auth: bool = field(
+        default=True,
+        metadata=cli(
+            "containers must hold this deployment's CURVE keys (--no-rpc-auth: anyone local "
+            "may connect, for the original rpc.py; loopback --rpc-host only)"
+        ),
+    )
+    rpc_keys_dir: Path | None = field(
+        default=None,
+        metadata=cli("the RPC port's CURVE keys (default: <state dir>/rpc-keys)"),
+    )
     max_body_bytes: int = field(default=10 * 2**20, metadata=cli("larger request bodies get 413"))
     # One request's parse and enqueue holds the event loop ~4 us per item on the reference
     # machine (benchmarks/request_size.py): 1,000 items ~4 ms, well under a 20 ms SLO;
@@ -221,6 +235,13 @@ class FrontendConfig:
                 f"the admin API is bound to {self.admin_host!r}, beyond this machine: "
                 "set an admin token (--admin-token or CLIPPER_ADMIN_TOKEN) or bind it to "
                 "127.0.0.1"
+            )
+        if not self.rpc_auth and self.rpc_host not in _LOOPBACK:
+            raise ConfigError(
+                f"the container RPC port is bound to {self.rpc_host!r}, beyond this machine, "
+                "without authentication (rpc_auth off): any host could answer for a model. "
+                "Turn rpc_auth on (drop --no-rpc-auth / CLIPPER_RPC_AUTH=0; containers then "
+                "need --rpc-keys) or bind --rpc-host to 127.0.0.1"
             )
         for name in ("query_port", "rpc_port", "admin_port", "grpc_port"):
             port = getattr(self, name)

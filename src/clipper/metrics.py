@@ -97,6 +97,16 @@ class Metrics:
             registry=r,
         )
 
+        # Incremented on the RPC authentication thread (prometheus_client counters are
+        # thread-safe).
+        self.rpc_refused = Counter(
+            "clipper_rpc_refused",
+            "Connections to the container RPC port refused at the handshake: no_keys (no or "
+            "wrong CURVE keys, e.g. an unauthenticated container) or unknown_key",
+            ["reason"],
+            registry=r,
+        )
+
     # -- series of things that are gone --------------------------------------------------------
     # A label set lives until removed: without this, every deleted version, replica and
     # application would stay in /metrics forever (1.4 KB -> 341 KB over 70 deploy cycles).

@@ -108,6 +108,7 @@ class Clipper:
             replica_timeout_s=config.replica_timeout_s,
             v3_replica_timeout_s=config.v3_replica_timeout_s,
         )
+        rpc_keys = (config.rpc_keys_dir or self.state_dir / "rpc-keys") if config.rpc_auth else None
         self.rpc = RpcServer(
             host=config.rpc_host,
             port=config.rpc_port,
@@ -116,6 +117,8 @@ class Clipper:
             on_removed=self.directory.removed,
             sink=self.directory,
             input_type_of=lambda r: r.scheduler.mv.input_type if r.scheduler else InputType.BYTES,
+            keys_dir=rpc_keys,
+            on_refused=lambda reason: self.metrics.rpc_refused.labels(reason=reason).inc(),
         )
         self.directory.remove = self.rpc.remove
         self.manager: ContainerManager = open_manager(
@@ -133,6 +136,7 @@ class Clipper:
                 drain=self.directory.drain,
                 nice=config.container_nice,
                 log_max_bytes=config.replica_log_bytes,
+                rpc_keys=rpc_keys,
             ),
         )
         self.reconciler = Reconciler(

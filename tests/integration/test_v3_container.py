@@ -1,6 +1,8 @@
 """A container written here from the spec (clipper-original.md section 4), speaking plain RPC v3
 only: no FAST token in its metadata, v3 predict requests, UTF-8 string outputs. It stands for
-the original ``rpc.py``: the frontend must serve it unchanged.
+the original ``rpc.py``: the frontend must serve it unchanged. It cannot do CURVE, so these
+frontends run with ``rpc_auth=False`` (``--no-rpc-auth``), which is allowed only on a loopback
+RPC host; with authentication on it is refused (tests/integration/test_rpc_auth.py).
 
 The container runs in a thread with its own pyzmq context and a DEALER socket; it records every
 frame it receives so the tests can check the frontend's side of the protocol too.
@@ -198,7 +200,7 @@ async def register_external(
 
 @pytest.fixture
 async def clipper() -> AsyncIterator[Clipper]:
-    async with Clipper(query_port=0, rpc_port=0, admin_port=0) as c:
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0, rpc_auth=False) as c:
         yield c
 
 
@@ -344,7 +346,9 @@ async def test_a_silent_replica_is_removed_and_its_queries_answered_by_the_deadl
         release.wait(10)  # stuck in predict: no answers, no heartbeats
         return ["0"] * len(items)
 
-    async with Clipper(query_port=0, rpc_port=0, admin_port=0, v3_replica_timeout_s=1.0) as c:
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, v3_replica_timeout_s=1.0, rpc_auth=False
+    ) as c:
         await register_external(c, "stuck", InputType.DOUBLES, "stuckapp")
         containers(c.rpc.port, "stuck", "1", CODE_DOUBLES, hang)
         sched = c.schedulers[("stuck", "1")]

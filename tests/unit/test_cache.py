@@ -333,3 +333,34 @@ def test_waiter_may_reenter_the_cache() -> None:
 def test_bad_configuration(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         PredictionCache(**kwargs)  # type: ignore[arg-type]
+
+
+def test_forget_producer_drops_only_its_entries() -> None:
+    cache = PredictionCache(1 << 20)
+    bad, good = object(), object()
+    cache.complete(key(1), "from bad", 10, bad)
+    cache.complete(key(2), "from good", 10, good)
+    cache.complete(key(3), "untagged", 10)
+    cache.complete(key(4), "bad, then good", 10, bad)
+    cache.complete(key(4), "bad, then good", 10, good)  # recomputed by good: good's now
+    before = cache.stats.bytes
+    assert cache.forget_producer(bad) == 1
+    assert cache.get_or_join(key(1), noop)[0] is Lookup.MISS  # not served again
+    assert cache.peek(key(2)) == "from good"
+    assert cache.peek(key(3)) == "untagged"
+    assert cache.peek(key(4)) == "bad, then good"
+    assert cache.stats.entries == 3
+    assert cache.stats.bytes == before - size_of(key(1), 10)
+    assert cache.forget_producer(bad) == 0  # nothing left of it: a no-op
+
+
+def test_evicted_entries_leave_the_producer_index() -> None:
+    producer = object()
+    cache = PredictionCache(2 * size_of(key(0), 10), policy="lru")
+    for i in range(5):
+        cache.complete(key(i), i, 10, producer)
+    assert cache.stats.entries == 2
+    # Only what is still cached is dropped; evicted keys are not looked up again.
+    assert cache.forget_producer(producer) == 2
+    assert cache.stats.entries == 0
+    assert cache.stats.bytes == 0

@@ -356,6 +356,42 @@ async def test_results_go_through_the_cache(harness_factory: Any) -> None:
     assert h.cache.peek(key2) is None
 
 
+async def test_answers_of_a_replica_removed_as_failed_are_not_served_from_the_cache(
+    harness_factory: Any,
+) -> None:
+    h = harness_factory(batching=fixed(1))
+    r0 = h.replica()
+    now = h.clock.now()
+    key = ("m", "1", b"x")
+    h.cache.get_or_join(key, noop)
+    h.sched.submit(Task(b"x", now + SLO_S, now, key, None))
+    h.sched.pump()
+    h.respond(0)
+    assert h.cache.peek(key) == b"X"
+    h.sched.remove_replica(r0)  # silent, exited or unreachable: not drained
+    assert h.cache.peek(key) is None
+    status, _ = h.cache.get_or_join(key, noop)
+    assert status is Lookup.MISS  # computed again by whoever replaces it
+
+
+async def test_answers_of_a_drained_replica_stay_cached(harness_factory: Any) -> None:
+    h = harness_factory(batching=fixed(1))
+    r0 = h.replica()
+    now = h.clock.now()
+    key = ("m", "1", b"x")
+    h.cache.get_or_join(key, noop)
+    h.sched.submit(Task(b"x", now + SLO_S, now, key, None))
+    h.sched.pump()
+    h.respond(0)
+    r0.draining = True  # stopped on purpose (scale-down, version switch)
+    h.sched.remove_replica(r0)
+    assert h.cache.peek(key) == b"X"
+
+
+def noop(value: object, error: BaseException | None) -> None:
+    pass
+
+
 async def test_submit_raises_overloaded_when_the_queue_is_full(harness_factory: Any) -> None:
     h = harness_factory(batching=fixed(1), queue_capacity=2)
     h.submit(b"a", b"b", pump=False)

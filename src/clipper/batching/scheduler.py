@@ -137,6 +137,10 @@ class ModelScheduler:
             return
         self.replicas.remove(replica)
         replica.scheduler = None
+        if not replica.draining:
+            # Removed as failed (silent, exited, unreachable): none of its answers is served
+            # again. A replica stopped on purpose was drained, and its answers stand.
+            self.cache.forget_producer(replica)
         self._replica_gauge.set(len(self.replicas))
         self._metrics.forget_replica(self.mv.name, self.mv.version, str(replica.replica_id))
         for tasks, _ in replica.in_flight.values():
@@ -338,7 +342,7 @@ class ModelScheduler:
             cache = self.cache
             for task, out in zip(tasks, outputs, strict=True):
                 if task.key is not None:
-                    cache.complete(task.key, out, per_item)
+                    cache.complete(task.key, out, per_item, replica)
                 elif task.waiter is not None:
                     task.waiter(out, None)
         self.pump()

@@ -26,6 +26,12 @@ runs on one worker thread in arrival order, so heartbeats keep flowing during a 
 The worker hands finished responses back through a queue and wakes the main thread's poller
 with a byte on a socketpair. With no message from the frontend for ``activity_timeout`` the
 container drops its socket and reconnects with a new identity (and so re-registers).
+
+Authentication: a frontend with RPC authentication on (the default) accepts only containers that
+hold its deployment's CURVE keys: ``--rpc-keys DIR`` (or ``CLIPPER_RPC_KEYS``) names a directory
+with ``server.key`` and ``client.key_secret`` (the frontend's ``<state dir>/rpc-keys``, or a copy
+of those two files). Without it the container connects unauthenticated, which only a frontend
+started with ``--no-rpc-auth`` accepts.
 """
 
 from __future__ import annotations
@@ -49,8 +55,9 @@ import numpy as np
 import orjson
 import zmq
 
-from clipper.errors import WireError
+from clipper.errors import ConfigError, WireError
 from clipper.inputs import InputType
+from clipper.rpc.auth import ClientKeys, apply_client_keys, load_client_keys
 from clipper.rpc.wire import (
     Frame,
     HeartbeatReply,
@@ -162,8 +169,10 @@ class _Server:
         stop_event: threading.Event,
         log: logging.LoggerAdapter[logging.Logger],
         token: str = "",
+        keys: ClientKeys | None = None,
     ) -> None:
         self.token = token
+        self.keys = keys
         self.model = model
         self.predict = _predict_fn(model)
         self.name, self.version, self.input_type = name, version, input_type
@@ -267,6 +276,8 @@ class _Server:
     def connect(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self.keys is not None:
+            apply_client_keys(sock, self.keys)
         sock.connect(self.address)
         sock.send_multipart(encode_heartbeat())  # ZeroMQ queues it until the frontend is up
         self.log.info("connecting to %s", self.address)
@@ -310,7 +321,16 @@ class _Server:
                 next_hb = now + self.heartbeat_interval
             if now - last_rx >= self.activity_timeout:
                 self.log.warning(
-                    "no message from the frontend for %.1fs; reconnecting", now - last_rx
+                    "no message from the frontend for %.1fs; reconnecting%s",
+                    now - last_rx,
+                    ""
+                    if connected
+                    else (
+                        " (never answered: are --rpc-keys those of this frontend?)"
+                        if self.keys is not None
+                        else " (never answered: a frontend with RPC authentication on needs "
+                        "--rpc-keys)"
+                    ),
                 )
                 poller.unregister(sock)
                 sock.close(linger=0)
@@ -405,9 +425,12 @@ def serve(
     parent_pid: int | None = None,
     stop_event: threading.Event | None = None,
     token: str = "",
+    keys: ClientKeys | None = None,
 ) -> None:
     """Serve ``model`` to the frontend at ``address`` until ``stop_event`` is set (or the
-    parent process is gone). Runs ``model.setup()`` first when it exists."""
+    parent process is gone). Runs ``model.setup()`` first when it exists. ``keys``: this
+    deployment's CURVE keys (:func:`clipper.rpc.auth.load_client_keys`), None for a frontend
+    without RPC authentication."""
     log = _Prefixed(_log, {"prefix": f"[{name}:{version} pid={os.getpid()}]"})
     setup = getattr(model, "setup", None)
     if callable(setup):
@@ -429,6 +452,7 @@ def serve(
         stop_event=stop_event or threading.Event(),
         log=log,
         token=token,
+        keys=keys,
     ).run()
 
 
@@ -559,6 +583,12 @@ def _parser() -> argparse.ArgumentParser:
         "[CLIPPER_REPLICA_TOKEN]",
     )
     p.add_argument(
+        "--rpc-keys",
+        default=_env("CLIPPER_RPC_KEYS"),
+        help="directory with the frontend's server.key and client.key_secret (its "
+        "<state dir>/rpc-keys); needed unless the frontend runs --no-rpc-auth [CLIPPER_RPC_KEYS]",
+    )
+    p.add_argument(
         "--nice",
         type=int,
         default=int(_env("CLIPPER_NICE", "0") or 0),
@@ -575,6 +605,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         input_type = InputType.parse(args.input_type)
     except ValueError as e:
         print(f"error: --input-type: {e}", file=sys.stderr)
+        return 2
+    try:
+        keys = load_client_keys(Path(args.rpc_keys)) if args.rpc_keys else None
+    except ConfigError as e:
+        print(f"error: --rpc-keys: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=logging.INFO,
@@ -603,6 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parent_pid=args.parent_pid,
             stop_event=stop,
             token=args.replica_token,
+            keys=keys,
         )
     except Exception:
         _log.exception("[%s:%s pid=%d] container failed", args.name, args.version, os.getpid())

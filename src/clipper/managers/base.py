@@ -107,6 +107,8 @@ class ManagerContext:
     drain: Callable[[str], Awaitable[None]] | None
     nice: int
     log_max_bytes: int = 10 * 2**20
+    # The CURVE key directory containers are given (--rpc-keys); None: the port is open.
+    rpc_keys: Path | None = None
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
@@ -125,6 +127,7 @@ def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
         drain=ctx.drain,
         nice=ctx.nice,
         log_max_bytes=ctx.log_max_bytes,
+        rpc_keys=ctx.rpc_keys,
     )
 
 

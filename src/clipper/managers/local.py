@@ -86,6 +86,7 @@ class LocalManager:
         drain: Drain | None = None,
         nice: int = 0,
         log_max_bytes: int = LOG_MAX_BYTES,
+        rpc_keys: Path | None = None,
     ) -> None:
         self.log_max_bytes = log_max_bytes
         self._rpc_host = rpc_host
@@ -97,6 +98,7 @@ class LocalManager:
         self.on_exit = on_exit
         self.nice = nice
         self.drain = drain
+        self.rpc_keys = rpc_keys
         self._groups: dict[tuple[str, str], list[ReplicaProcess]] = {}
         self._generation = 0
 
@@ -183,6 +185,8 @@ class LocalManager:
 
     def _command(self, mv: ModelVersion, proc: ReplicaProcess) -> list[str]:
         assert mv.artifact is not None
+        # The key directory's path, never the keys: command lines are visible to everyone.
+        keys = ["--rpc-keys", str(self.rpc_keys)] if self.rpc_keys is not None else []
         return [
             self.python, "-m", "clipper.container",
             "--model-path", mv.artifact,
@@ -195,6 +199,7 @@ class LocalManager:
             "--parent-pid", str(os.getpid()),
             "--replica-token", proc.token,
             "--nice", str(self.nice),
+            *keys,
         ]  # fmt: skip
 
     def _env(self) -> dict[str, str]:

@@ -3,6 +3,15 @@
 Containers dial in (as in the original). The socket is read from a loop reader callback, never
 from a thread or a task per message; batches go out as one multipart message each. A replica is
 registered when its metadata arrives and removed when it has been silent longer than its timeout.
+
+With a key directory the socket is a CURVE server and only containers holding this deployment's
+keys get through the handshake (:mod:`clipper.rpc.auth`); without one (``--no-rpc-auth``, loopback
+only) anyone local may connect, as in the original.
+
+Silence is judged on the frontend's own time: when the event loop was held (a huge request, a
+long garbage collection), the silence check itself fires late, and the replicas' heartbeats wait
+unread in the socket. Time the check was late by is not held against any replica, and messages
+waiting in the socket are read before a replica is judged silent.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, cast
 
 import zmq
@@ -21,6 +31,7 @@ from clipper.errors import WireError
 from clipper.inputs import InputType
 from clipper.registry import embed_output
 from clipper.rpc import wire
+from clipper.rpc.auth import RpcGuard, ensure_keys
 
 __all__ = ["RpcServer"]
 
@@ -48,6 +59,13 @@ class ResponseSink(Protocol):
 _DRAIN_BATCH = 256
 # How often replicas are checked for silence (their timeouts are seconds).
 _LIVENESS_PERIOD_S = 0.25
+# A silence check later than this saw the loop held (a normal turn is well under a millisecond);
+# smaller lateness is not recorded, so the list of stalls stays short.
+_STALL_MIN_S = 0.05
+# Drain passes (of _DRAIN_BATCH messages) before a replica is judged silent.
+_JUDGE_DRAINS = 8
+# A handshake not finished in this long is dropped (libzmq's default is 30 s).
+_HANDSHAKE_S = 10.0
 _V3_ERROR_KEY = "__clipper_error__"
 
 
@@ -62,7 +80,12 @@ class RpcServer:
         on_removed: Remover,
         sink: ResponseSink,
         input_type_of: Callable[[Replica], InputType],
+        keys_dir: Path | None = None,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
+        """``keys_dir``: authenticate containers with the CURVE keys there (made on the first
+        start); None accepts any container. ``on_refused(reason)`` counts a refused
+        connection; it is called on the authentication thread, not the loop."""
         self.host = host
         self.port = port
         self.clock = clock
@@ -77,6 +100,12 @@ class RpcServer:
         self._drain_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._liveness: TimerHandle | None = None
+        self._check_due = 0.0
+        # (when a late check ran, how late it was): loop stalls not held against replicas.
+        self._stalls: list[tuple[float, float]] = []
+        self._keys_dir = keys_dir
+        self._on_refused = on_refused
+        self.guard: RpcGuard | None = None
 
     @property
     def address(self) -> str:
@@ -87,19 +116,37 @@ class RpcServer:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        # Keys first: a bad key file fails the start before anything is bound.
+        keys = ensure_keys(self._keys_dir) if self._keys_dir is not None else None
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        # Queue bounds: a replica that stops reading must not grow our memory without limit.
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
-        if self.port == 0:
-            self.port = sock.bind_to_random_port(f"tcp://{self.host}")
-        else:
-            sock.bind(f"tcp://{self.host}:{self.port}")
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            # Queue bounds: a replica that stops reading must not grow our memory without limit.
+            sock.setsockopt(zmq.SNDHWM, 10_000)
+            sock.setsockopt(zmq.RCVHWM, 10_000)
+            sock.setsockopt(zmq.HANDSHAKE_IVL, int(_HANDSHAKE_S * 1000))
+            if keys is not None:
+                # Before bind: no connection may arrive before its handshake is guarded.
+                self.guard = RpcGuard(
+                    self._ctx, keys, on_refused=self._on_refused, now=self.clock.now
+                )
+                self.guard.arm(sock)
+            if self.port == 0:
+                self.port = sock.bind_to_random_port(f"tcp://{self.host}")
+            else:
+                sock.bind(f"tcp://{self.host}:{self.port}")
+        except BaseException:
+            sock.close(linger=0)
+            if self.guard is not None:
+                self.guard.stop()
+                self.guard = None
+            self._ctx.term()
+            self._ctx = None
+            raise
         self._sock = sock
         self._loop.add_reader(_fd(sock), self._drain)
-        self._liveness = self.clock.call_later(_LIVENESS_PERIOD_S, self._check_liveness)
+        self._arm_liveness()
         # Messages may have queued before the reader was attached; the FD is edge-triggered.
         self._loop.call_soon(self._drain)
 
@@ -111,6 +158,9 @@ class RpcServer:
             self._loop.remove_reader(_fd(self._sock))
             self._sock.close(linger=0)
             self._sock = None
+        if self.guard is not None:  # after the socket: it must not outlive its ZAP handler
+            self.guard.stop()
+            self.guard = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -232,19 +282,46 @@ class RpcServer:
         if self._replicas.pop(replica.identity, None) is not None:
             self._on_removed(replica)
 
+    def _arm_liveness(self) -> None:
+        self._check_due = self.clock.now() + _LIVENESS_PERIOD_S
+        self._liveness = self.clock.call_later(_LIVENESS_PERIOD_S, self._check_liveness)
+
+    def _silence(self, replica: Replica, now: float) -> float:
+        """Seconds the replica has been silent, less the time our loop was held meanwhile
+        (its messages could not have been read then)."""
+        silent = now - replica.last_seen
+        for at, lag in self._stalls:
+            if at > replica.last_seen:
+                silent -= min(lag, at - replica.last_seen)
+        return silent
+
     def _check_liveness(self) -> None:
         # A timer on the clock, not a sleeping task, so a fake clock's advance() runs it;
         # re-armed first, so that an error below does not end the checks.
-        self._liveness = self.clock.call_later(_LIVENESS_PERIOD_S, self._check_liveness)
         now = self.clock.now()
-        for replica in list(self._replicas.values()):
-            if now - replica.last_seen > replica.timeout:
-                log.warning(
-                    "replica %s silent for %.1f s: removed",
-                    replica.replica_id,
-                    now - replica.last_seen,
-                )
+        late = now - self._check_due
+        if late > _STALL_MIN_S:
+            self._stalls.append((now, late))
+        self._arm_liveness()
+        suspects = [r for r in self._replicas.values() if self._silence(r, now) > r.timeout]
+        if suspects:
+            # Messages wait unread (the loop was busy): let them speak before judging
+            # (bounded: a flood must not hold the loop here either).
+            for _ in range(_JUDGE_DRAINS):
+                sock = self._sock
+                if sock is None or not _events(sock) & zmq.POLLIN:
+                    break
+                self._drain()
+            now = self.clock.now()
+        for replica in suspects:
+            silent = self._silence(replica, now)
+            if replica.identity in self._replicas and silent > replica.timeout:
+                log.warning("replica %s silent for %.1f s: removed", replica.replica_id, silent)
                 self.remove(replica)
+        if self._stalls:
+            # A stall before every replica's last message can no longer excuse anyone.
+            oldest = min((r.last_seen for r in self._replicas.values()), default=now)
+            self._stalls = [s for s in self._stalls if s[0] > oldest]
 
 
 def _fd(sock: zmq.Socket[bytes]) -> int:
