@@ -197,6 +197,11 @@ class ModelScheduler:
             )
         self._wait.arrived(task.enqueued_at)
 
+    @property
+    def batch_latency_s(self) -> float:
+        """The typical latency of a batch of the size replicas take now (0.0: not known)."""
+        return self._batch_latency
+
     def _running_remaining(self, now: float) -> float:
         """How long until a replica frees up: the shortest expected remainder of the batches
         in flight, priced at their real sizes (0.0 when a replica is free)."""

@@ -91,12 +91,21 @@ class QueryRoutes:
         self._predict = svc.processor.predict  # bound once: the hot path
 
     def __call__(
-        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        self,
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
+        """``t0``: when the request's first byte was read, on the processor's clock (None:
+        when the processor sees it); predict latency and deadlines count from it."""
         if method == b"POST":
             app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
             if verb == "predict" and app:
-                self._predict(app, body, RestReply(respond))
+                self._predict(app, body, RestReply(respond), t0=t0)
                 return
             if verb == "update" and app:
                 self.svc.processor.feedback(app, body, RestReply(respond))
@@ -135,7 +144,14 @@ class AdminRoutes:
         self.token = token
 
     def __call__(
-        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        self,
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         token = self.token
         if token is not None and headers.get(b"authorization", b"") != b"Bearer " + token.encode():
