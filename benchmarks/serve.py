@@ -51,12 +51,14 @@ def _batching(args: argparse.Namespace) -> Any:
             max_batch_size=args.max_batch_size or 32,
             max_wait_micros=wait,
             in_flight=args.in_flight,
+            wait=args.wait,
         )
     return BatchingConfig(
         controller=args.controller,
         max_batch_size=args.max_batch_size,
         max_wait_micros=wait,
         in_flight=args.in_flight,
+        wait=args.wait,
     )
 
 
@@ -65,6 +67,8 @@ async def run(args: argparse.Namespace) -> None:
 
     model = _make_model(args.model)
     async with Clipper(query_port=args.query_port, rpc_port=args.rpc_port, admin_port=0) as clipper:
+        if args.no_shed:  # the "before" of load shedding: never shed for loop lag
+            clipper.processor.loop_lag = None
         await clipper.register_application(
             APP,
             input_type="doubles",
@@ -94,6 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--controller", choices=["aimd", "quantile", "fixed", "unbatched"], default="aimd"
     )
     p.add_argument("--max-wait-ms", type=float, default=0.0, help="batch wait, 0..4 ms")
+    p.add_argument(
+        "--wait", choices=["adaptive", "fixed"], default="adaptive", help="batch wait policy"
+    )
+    p.add_argument("--no-shed", action="store_true", help="no shedding for event-loop lag")
     p.add_argument("--max-batch-size", type=int, default=None, help="cap (fixed: default 32)")
     p.add_argument("--in-flight", type=int, default=1, help="batches in flight per replica")
     p.add_argument("--replicas", type=int, default=1)

@@ -26,6 +26,7 @@ __all__ = [
     "OVERLOAD",
     "POLICIES",
     "STORES",
+    "WAITS",
     "CachePolicy",
     "Choice",
     "Controller",
@@ -36,6 +37,7 @@ __all__ = [
     "Overload",
     "PolicyName",
     "StoreScheme",
+    "WaitName",
 ]
 
 
@@ -139,6 +141,23 @@ CONTROLLERS = Choice(
         "fixed": Option(
             "always max_batch_size (baselines, models that cannot batch)",
             "clipper.batching.controllers:_build_fixed",
+        ),
+    },
+)
+
+WaitName = Literal["adaptive", "fixed"]
+WAITS = Choice(
+    "batch wait policy",
+    WaitName,
+    {
+        "adaptive": Option(
+            "wait up to max_wait_micros only while recent waits grew batches (probing now and "
+            "then when arrivals are close); one client in a closed loop gets no wait",
+            "clipper.batching.wait:AdaptiveWait",
+        ),
+        "fixed": Option(
+            "always wait up to max_wait_micros for a partial batch (Clipper as published)",
+            "clipper.batching.wait:FixedWait",
         ),
     },
 )

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from clipper.choices import CONTROLLERS, INPUT_TYPES, LOSSES, OVERLOAD, POLICIES
+from clipper.choices import CONTROLLERS, INPUT_TYPES, LOSSES, OVERLOAD, POLICIES, WAITS
 from clipper.client import Client
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
@@ -99,6 +99,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     )
     m.add_argument("--max-batch-size", type=int)
     m.add_argument("--max-wait-micros", type=int, default=1000)
+    m.add_argument("--wait", choices=WAITS.names, default="adaptive", help=WAITS.help())
     m = model.add_parser("scale", parents=[common], help="set the number of replicas")
     m.add_argument("name")
     m.add_argument("replicas", type=int)
@@ -302,7 +303,7 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
         raise ConfigError(f"{path}: no such file or directory")
     batching = BatchingConfig(
         controller=args.controller, max_batch_size=args.max_batch_size,
-        max_wait_micros=args.max_wait_micros,
+        max_wait_micros=args.max_wait_micros, wait=args.wait,
     )  # fmt: skip
     if path.is_dir() or (path.suffix == ".onnx" and args.framework in (None, "onnx")):
         kwargs: dict[str, Any] = (

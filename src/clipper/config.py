@@ -11,9 +11,11 @@ from clipper.choices import (
     CONTROLLERS,
     MANAGERS,
     STORES,
+    WAITS,
     CachePolicy,
     Choice,
     Controller,
+    WaitName,
 )
 from clipper.errors import ConfigError
 
@@ -35,7 +37,9 @@ class BatchingConfig:
     model serves: a query waits for at most about one batch in the queue and then rides one, so
     half the SLO keeps the two together inside it.
     ``max_wait_micros`` is delayed batching: how long a partial batch may wait to fill (never past
-    the point where its earliest query would miss its deadline).
+    the point where its earliest query would miss its deadline). ``wait`` says when that wait
+    is spent: ``adaptive`` (the default) only while recent waits actually grew batches, so a
+    lone closed-loop client pays nothing; ``fixed`` always, as in the paper.
     """
 
     controller: Controller = "aimd"
@@ -44,9 +48,11 @@ class BatchingConfig:
     in_flight: int = 1
     target_fraction: float = 0.5
     params: dict[str, Any] = field(default_factory=dict)
+    wait: WaitName = "adaptive"
 
     def __post_init__(self) -> None:
         CONTROLLERS.check(self.controller)
+        WAITS.check(self.wait)
         if self.controller == "fixed" and self.max_batch_size is None:
             raise ConfigError("the fixed controller needs max_batch_size (an integer >= 1)")
         if self.max_batch_size is not None and self.max_batch_size < 1:
@@ -68,6 +74,7 @@ class BatchingConfig:
             "in_flight": self.in_flight,
             "target_fraction": self.target_fraction,
             "params": dict(self.params),
+            "wait": self.wait,
         }
 
 

@@ -33,6 +33,7 @@ from clipper.errors import ClipperError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
 from clipper.frontend.ensemble import SelectionRuntime
 from clipper.frontend.http import HttpLimits, HttpServer
+from clipper.frontend.loop_lag import LoopLagMonitor
 from clipper.frontend.query import QueryProcessor
 from clipper.frontend.routes import AdminRoutes, QueryRoutes
 from clipper.inputs import InputType
@@ -90,6 +91,8 @@ class Clipper:
         self.schedulers: dict[tuple[str, str], ModelScheduler] = {}
         self.store: Store = open_store(config.store)
         self.sync = StoreSync(self.registry, self.store)
+        # How late the event loop runs: the processor sheds what a backlog makes late.
+        self.loop_lag = LoopLagMonitor(self.clock)
         self.processor = QueryProcessor(
             registry=self.registry,
             cache=self.cache,
@@ -97,6 +100,7 @@ class Clipper:
             metrics=self.metrics,
             schedulers=self.schedulers,
             max_items=config.max_items_per_request,
+            loop_lag=self.loop_lag,
         )
         self.processor.selection = SelectionRuntime(
             self.processor, persist=self._persist_state, fetch=self._fetch_state
@@ -218,6 +222,8 @@ class Clipper:
             stack.push_async_callback(self.manager.stop_all)
             stack.push_async_callback(self.reconciler.stop)
             self.reconciler.resume()
+            self.loop_lag.start()
+            stack.callback(self.loop_lag.stop)
             await self.http.start()
             stack.push_async_callback(self.http.stop)
             await self.admin_http.start()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from clipper.batching.controllers import BatchController, make_controller
 from clipper.batching.decision import Wait, decide
 from clipper.batching.queue import ModelQueue, Task
+from clipper.batching.wait import WaitPolicy, make_wait_policy
 from clipper.cache import PredictionCache
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import DeadlineExceeded, ModelError, OverloadedError
@@ -90,7 +91,9 @@ class ModelScheduler:
         self.slo_s = slo_s
         self._timer: TimerHandle | None = None
         self._timer_at = float("inf")
-        self._max_wait_s = mv.batching.max_wait_micros / 1e6
+        self._wait: WaitPolicy = make_wait_policy(
+            mv.batching.wait, mv.batching.max_wait_micros / 1e6
+        )
         self._in_flight_cap = mv.batching.in_flight
         self._capacity_rps = 0.0
         self._batch_latency = 0.0
@@ -155,7 +158,7 @@ class ModelScheduler:
         """New settings for this version (batching, labels): the next batches use them, and
         each replica's controller starts again from the new settings."""
         self.mv = mv
-        self._max_wait_s = mv.batching.max_wait_micros / 1e6
+        self._wait = make_wait_policy(mv.batching.wait, mv.batching.max_wait_micros / 1e6)
         self._in_flight_cap = mv.batching.in_flight
         self._adaptive = mv.batching.controller != "fixed"
         self._hard_max = mv.batching.max_batch_size or 4096
@@ -197,6 +200,12 @@ class ModelScheduler:
             raise OverloadedError(
                 f"model {self.mv.name}:{self.mv.version} queue is full ({q.capacity} queries)"
             )
+        self._wait.arrived(task.enqueued_at)
+
+    @property
+    def batch_latency_s(self) -> float:
+        """The typical latency of a batch of the size replicas take now (0.0: not known)."""
+        return self._batch_latency
 
     def _running_remaining(self, now: float) -> float:
         """How long until a replica frees up: the shortest expected remainder of the batches
@@ -274,13 +283,15 @@ class ModelScheduler:
                 oldest_enqueued_at=q.oldest_enqueued_at(),
                 earliest_deadline=q.earliest_deadline(),
                 max_batch_size=cap,
-                max_wait_s=self._max_wait_s,
+                max_wait_s=self._wait.max_wait_s(now),
                 expected_latency_s=c.expected_latency(min(pending, cap)),
                 now=now,
             )
             if isinstance(d, Wait):
+                self._wait.waiting(pending, now)
                 self._arm(now, d.seconds)
                 return
+            self._wait.dispatched(d.count)
             tasks = q.pop(d.count)
             try:
                 msg_id = self.transport.send_batch(r, tasks)

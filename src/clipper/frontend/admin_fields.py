@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from clipper.choices import CONTROLLERS, LOSSES, OVERLOAD, POLICIES
+from clipper.choices import CONTROLLERS, LOSSES, OVERLOAD, POLICIES, WAITS
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError
 from clipper.frontend.http import JSON
@@ -57,8 +57,8 @@ Reply = tuple[int, bytes, bytes]
 _INPUT_TYPES = '"integers" | "bytes" | "floats" | "doubles" | "strings" | "json"'
 _BATCHING = (
     f'{{"controller" := {CONTROLLERS.schema()}, "max_batch_size" := int, '
-    '"max_wait_micros" := int, "in_flight" := int, "target_fraction" := number, '
-    '"params" := object}'
+    f'"max_wait_micros" := int, "wait" := {WAITS.schema()}, "in_flight" := int, '
+    '"target_fraction" := number, "params" := object}'
 )
 
 _SELECTION = (
@@ -199,6 +199,7 @@ def batching_field(doc: dict[str, Any]) -> BatchingConfig | None:
         "controller",
         "max_batch_size",
         "max_wait_micros",
+        "wait",
         "in_flight",
         "target_fraction",
         "params",

@@ -29,6 +29,7 @@ from clipper.errors import (
     RequestError,
 )
 from clipper.frontend.ensemble import EnsembleQuery, SelectionRuntime, combine_one, parse_uid
+from clipper.frontend.loop_lag import LoopLagMonitor
 from clipper.frontend.prediction import (
     DefaultReason,
     FeedbackReply,
@@ -61,6 +62,13 @@ def too_many_items(n: int, limit: int, what: str) -> PayloadTooLarge:
         f"{what} has {n} items; at most {limit} are accepted per request "
         "(max_items_per_request): split it into several requests"
     )
+
+
+# Loop lag below this is timer noise (uvloop rounds timers to whole milliseconds), not a backlog.
+LAG_FLOOR_S = 0.002
+# A query that has already spent this share of its budget before reaching the processor came
+# through a backlog (socket, parser): it is priced against its deadline before being queued.
+LATE_ARRIVAL_SHARE = 0.25
 
 
 class QueryRejected(RequestError):
@@ -194,8 +202,11 @@ class QueryProcessor:
         metrics: Metrics,
         schedulers: dict[tuple[str, str], ModelScheduler],
         max_items: int = DEFAULT_MAX_ITEMS,
+        loop_lag: LoopLagMonitor | None = None,
     ) -> None:
         self.registry = registry
+        # How far behind the event loop runs; None: never shed for lag (tests, embedders).
+        self.loop_lag = loop_lag
         self.cache = cache
         self.clock = clock
         # Items one request may carry: its parse and enqueue hold the event loop.
@@ -212,11 +223,21 @@ class QueryProcessor:
 
     # -- the predict route -------------------------------------------------------------------
     def predict(
-        self, app_name: str, body: bytes, reply: Reply, *, slo_s: float | None = None
+        self,
+        app_name: str,
+        body: bytes,
+        reply: Reply,
+        *,
+        slo_s: float | None = None,
+        t0: float | None = None,
     ) -> None:
         """Answer ``POST /{app}/predict``. Raises :class:`RequestError` for bad requests
-        (nothing has been queued then); otherwise ``reply`` gets the answer exactly once."""
-        t0 = self.clock.now()
+        (nothing has been queued then); otherwise ``reply`` gets the answer exactly once.
+
+        ``t0`` is when the request's first byte was read (this processor's clock); the
+        latency SLO and the latency histogram count from it. Default: now."""
+        if t0 is None:
+            t0 = self.clock.now()
         app = self.registry.apps.get(app_name)
         if app is None:
             # Not the list of the others: callers on the query port need not learn them.
@@ -291,6 +312,16 @@ class QueryProcessor:
             q.finish()
             return
         q.deadline = t0 + budget
+        cause = self._behind(t0, q.deadline - app.answer_margin_s, sched)
+        if cause is not None:
+            # Queued, it would only be answered late by the deadline timer (itself late by the
+            # loop's lag) and take a batch slot from queries that can still make it.
+            err = OverloadedError(cause)
+            for i in range(q.n):
+                q.fill(i, None, err)
+                if q.reply is None:
+                    break
+            return
         q.payloads = payloads
         q.sched = sched
         q.version = version
@@ -305,6 +336,27 @@ class QueryProcessor:
             q.timer = self.clock.call_later(
                 max(q.deadline - q.app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
             )
+
+    def _behind(self, t0: float, due: float, sched: ModelScheduler) -> str | None:
+        """Why a query due by ``due`` cannot make it when the frontend itself is behind
+        (loop lag above noise, or the request arrived late into its budget); None to queue.
+
+        Its answer needs at least the loop's lag to be written and a batch of the model's
+        typical latency; when that ends past ``due`` it is shed now, cheaply, instead."""
+        now = self.clock.now()
+        mon = self.loop_lag
+        lag = mon.lag_s if mon is not None else 0.0
+        if lag < LAG_FLOOR_S:
+            lag = 0.0
+            if now - t0 < LATE_ARRIVAL_SHARE * (due - t0):
+                return None
+        finish = now + lag + sched.batch_latency_s
+        if finish <= due:
+            return None
+        return (
+            f"the frontend is behind (event loop {lag * 1e3:.1f} ms late, the request "
+            f"{(now - t0) * 1e3:.1f} ms old): its answer could not come within the latency SLO"
+        )
 
     def enqueue(self, q: _Query, i: int) -> bool:
         """Look input ``i`` up in the cache, or queue it; True when a task was queued (the

@@ -104,12 +104,21 @@ class QueryRoutes:
         self._predict = svc.processor.predict  # bound once: the hot path
 
     def __call__(
-        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        self,
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
+        """``t0``: when the request's first byte was read, on the processor's clock (None:
+        when the processor sees it); predict latency and deadlines count from it."""
         if method == b"POST":
             app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
             if verb == "predict" and app:
-                self._predict(app, body, RestReply(respond))
+                self._predict(app, body, RestReply(respond), t0=t0)
                 return
             if verb == "update" and app:
                 self.svc.processor.feedback(app, body, RestReply(respond))
@@ -177,7 +186,14 @@ class AdminRoutes:
         self._token = token.encode() if token is not None else None
 
     def __call__(
-        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        self,
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         if self._token is not None:
             auth = headers.get(b"authorization")

@@ -1,0 +1,54 @@
+"""How far behind the event loop is: a periodic timer on the injected clock, measuring how late
+it fires.
+
+Under saturation a request waits in the socket before its first callback, and its answer waits
+again before it is written: both by about one loop turn, invisible from inside the request's
+own code. A timer due every ``interval_s`` that fires ``x`` seconds late says a loop turn
+takes about ``x``. The estimate rises at once (a stall is news now) and decays by ``decay``
+per later sample (one short turn does not mean the backlog is gone). Its owner starts and
+stops it; the query processor reads :attr:`lag_s` to shed queries that cannot make it.
+"""
+
+from __future__ import annotations
+
+from clipper.clock import Clock, TimerHandle
+
+__all__ = ["LoopLagMonitor"]
+
+
+class LoopLagMonitor:
+    __slots__ = ("_clock", "_decay", "_due", "_timer", "interval_s", "lag_s", "samples")
+
+    def __init__(self, clock: Clock, *, interval_s: float = 0.005, decay: float = 0.5) -> None:
+        self._clock = clock
+        self.interval_s = interval_s
+        self._decay = decay
+        self._timer: TimerHandle | None = None
+        self._due = 0.0
+        self.lag_s = 0.0
+        self.samples = 0
+
+    @property
+    def running(self) -> bool:
+        return self._timer is not None
+
+    def start(self) -> None:
+        if self._timer is None:
+            self._arm()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.lag_s = 0.0
+
+    def _arm(self) -> None:
+        self._due = self._clock.now() + self.interval_s
+        self._timer = self._clock.call_later(self.interval_s, self._tick)
+
+    def _tick(self) -> None:
+        late = max(self._clock.now() - self._due, 0.0)
+        self.samples += 1
+        lag = self.lag_s
+        self.lag_s = late if late >= lag else late + self._decay * (lag - late)
+        self._arm()
