@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,7 +183,9 @@ class RouterClient:
             respond(err.status, error_body(err), JSON)
         else:
             try:
-                self.router(method.encode(), route_path, route_headers, data, respond)
+                # As the server does: t0 is when the request arrived (here: when it is sent).
+                t0 = time.monotonic()
+                self.router(method.encode(), route_path, route_headers, data, respond, t0=t0)
             except RequestError as err:
                 if not answer.done():
                     respond(err.status, error_body(err), JSON)

@@ -29,7 +29,13 @@ LIMIT_S = 5.0  # every read below gives up after this: a hang fails, it never bl
 
 
 def _router(
-    method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+    method: bytes,
+    path: str,
+    headers: dict[bytes, bytes],
+    body: bytes,
+    respond: Respond,
+    *,
+    t0: float | None = None,
 ) -> None:
     if path == "/health":
         json_response(respond, 200, {"status": "ok"})

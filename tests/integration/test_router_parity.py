@@ -48,7 +48,13 @@ async def test_a_router_gets_the_same_request_from_the_server_and_the_client(
     seen: list[Seen] = []
 
     def recorder(
-        method: bytes, path: str, hdrs: dict[bytes, bytes], data: bytes, respond: Respond
+        method: bytes,
+        path: str,
+        hdrs: dict[bytes, bytes],
+        data: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         seen.append((method, path, hdrs, data))
         respond(200, b"ok", b"text/plain")

@@ -23,7 +23,14 @@ class Recorder:
         self.calls: list[Seen] = []
 
     def __call__(
-        self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        self,
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         self.calls.append((method, path, headers, body))
         respond(200, b"ok", b"text/plain")
@@ -63,7 +70,13 @@ async def test_a_later_answer_is_awaited() -> None:
     tasks: set[asyncio.Task[None]] = set()
 
     def later(
-        method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         async def work() -> None:
             for _ in range(3):
@@ -82,7 +95,13 @@ async def test_a_later_answer_is_awaited() -> None:
 
 async def test_no_answer_times_out_naming_the_request() -> None:
     def silent(
-        method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         return None
 
@@ -92,7 +111,13 @@ async def test_no_answer_times_out_naming_the_request() -> None:
 
 async def test_errors_are_rendered_as_the_server_renders_them() -> None:
     def raising(
-        method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         if path == "/missing":
             raise NotFoundError("nothing here")
@@ -128,7 +153,13 @@ async def test_body_over_the_limit_is_413_before_routing() -> None:
 
 async def test_header_lines_after_the_content_type_are_headers() -> None:
     def binary(
-        method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         respond(
             200, b"{}\x00\x01", b"application/octet-stream\r\nInference-Header-Content-Length: 2"
@@ -144,7 +175,13 @@ async def test_header_lines_after_the_content_type_are_headers() -> None:
 
 async def test_a_second_respond_is_recorded_not_returned() -> None:
     def twice(
-        method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         respond(200, b"first", b"text/plain")
         respond(500, b"second", b"text/plain")
@@ -158,7 +195,13 @@ async def test_a_second_respond_is_recorded_not_returned() -> None:
 
 async def test_respond_off_the_loop_thread_fails_the_request() -> None:
     def threaded(
-        method: bytes, path: str, headers: dict[bytes, bytes], body: bytes, respond: Respond
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        *,
+        t0: float | None = None,
     ) -> None:
         thread = threading.Thread(target=respond, args=(200, b"x", b"text/plain"))
         thread.start()

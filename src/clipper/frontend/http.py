@@ -17,7 +17,6 @@ import asyncio
 import logging
 import resource
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -47,7 +46,22 @@ class Respond(Protocol):
     def __call__(self, status: int, data: bytes, content_type: bytes = ..., /) -> None: ...
 
 
-Router = Callable[[bytes, str, dict[bytes, bytes], bytes, Respond], None]
+class Router(Protocol):
+    """What an HTTP server calls for each request. ``t0`` is when the request's first byte was
+    read, on the server's clock: latency and deadlines count from it, not from the parse."""
+
+    def __call__(
+        self,
+        method: bytes,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        /,
+        *,
+        t0: float | None = ...,
+    ) -> None: ...
+
 
 JSON = b"application/json"
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
@@ -144,9 +158,11 @@ class _Slot:
 class _Connection(asyncio.Protocol):
     __slots__ = (
         "__weakref__",
+        "_arrived",
         "_body",
         "_body_size",
         "_broken",
+        "_chunk_at",
         "_closed",
         "_due",
         "_head_bytes",
@@ -176,6 +192,10 @@ class _Connection(asyncio.Protocol):
         self._body_size = 0
         self._too_large = False
         self._upgrade = False
+        # When the current request's first byte was read, and when the current chunk was:
+        # requests pipelined behind it in the same chunk arrived with that chunk.
+        self._arrived = 0.0
+        self._chunk_at = 0.0
         self._slots: deque[_Slot] = deque()
         self._closed = False
         self._broken = False  # a framing error was answered: nothing more is read
@@ -230,7 +250,10 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._broken or self._closed:
             return
+        self._chunk_at = now = self.server.clock.now()
         if self._state != _BODY:
+            if self._head_bytes == 0:
+                self._arrived = now  # a request's first byte
             if self._state == _IDLE:
                 self._begin(_HEAD, self.server.limits.header_timeout_s)
             room = self.server.limits.max_header_bytes - self._head_bytes
@@ -399,6 +422,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._state = _IDLE
+        t0, self._arrived = self._arrived, self._chunk_at
         if self._broken:
             return
         if self._upgrade:
@@ -436,7 +460,7 @@ class _Connection(asyncio.Protocol):
             self._answer(slot, status, data, content_type)
 
         try:
-            self.server.router(self.parser.get_method(), path, headers, body, respond)
+            self.server.router(self.parser.get_method(), path, headers, body, respond, t0=t0)
         except RequestError as err:
             if slot.data is None:
                 self._answer(slot, err.status, error_body(err), JSON)

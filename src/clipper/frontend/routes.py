@@ -141,7 +141,7 @@ class QueryRoutes:
                 )  # fmt: skip
                 return
         if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol (V2)
-            v2.handle(self.svc, method, path, headers, body, respond)
+            v2.handle(self.svc, method, path, headers, body, respond, t0=t0)
             return
         raise NotFoundError(
             f"no route for {method.decode()} {path}; expected POST /<app>/predict, "

@@ -79,11 +79,14 @@ def handle(  # noqa: PLR0917 (the router's signature)
     headers: dict[bytes, bytes],
     body: bytes,
     respond: Respond,
+    *,
+    t0: float | None = None,
 ) -> None:
     """Serve one request whose path is ``/v2`` or starts with ``/v2/``; answers every error
-    itself as ``{"error": ...}`` (it never raises :class:`RequestError`)."""
+    itself as ``{"error": ...}`` (it never raises :class:`RequestError`). ``t0``: when the
+    request's first byte was read (default: now); an infer's deadline counts from it."""
     try:
-        _route(svc, method, path, headers, body, respond)
+        _route(svc, method, path, headers, body, respond, t0)
     except RequestError as err:
         error_response(respond, err)
     except Exception as e:  # the V2 error form, not the HTTP layer's text
@@ -97,6 +100,7 @@ def _route(  # noqa: PLR0917
     headers: dict[bytes, bytes],
     body: bytes,
     respond: Respond,
+    t0: float | None = None,
 ) -> None:
     parts = [p for p in path.split("/") if p][1:]  # drop the leading "v2"
     if method == b"GET":
@@ -133,7 +137,8 @@ def _route(  # noqa: PLR0917
             respond(200 if ready else 400, b"", _EMPTY)
             return
         if method == b"POST" and rest == ["infer"]:
-            _infer(svc, find_app(svc.catalog.registry, name), version, headers, body, respond)
+            app = find_app(svc.catalog.registry, name)
+            _infer(svc, app, version, headers, body, respond, t0)
             return
     raise NotFoundError(
         f"no route for {method.decode()} {path}; the V2 API serves GET /v2, "
@@ -306,15 +311,15 @@ def _infer(  # noqa: PLR0917
     headers: dict[bytes, bytes],
     body: bytes,
     respond: Respond,
+    t0: float | None = None,
 ) -> None:
     request = parse_infer(headers, body)
     payloads = input_payloads(app, request.inputs, svc.processor.max_items)
     model_version = resolve_version(svc.catalog.registry, app, version)
     reply = _V2Reply(respond, app.name, model_version, request)
     processor = svc.processor
-    processor.predict_payloads(
-        app, payloads, version, "", reply, processor.clock.now(), request.slo_s
-    )
+    arrived = processor.clock.now() if t0 is None else t0
+    processor.predict_payloads(app, payloads, version, "", reply, arrived, request.slo_s)
 
 
 class _V2Reply:
