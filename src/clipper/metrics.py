@@ -56,6 +56,13 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
+        # How late the event loop runs (its 5 ms probe timer's lateness, decaying): above a
+        # couple of milliseconds, queries that cannot meet their deadline are shed at once.
+        self.loop_lag = Gauge(
+            "clipper_event_loop_lag_seconds",
+            "How late the frontend's event loop runs (a periodic timer's lateness, decaying)",
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "clipper_model_queue_depth",
             "Inputs waiting in a model version's queue",

@@ -93,6 +93,8 @@ class Clipper:
         self.sync = StoreSync(self.registry, self.store)
         # How late the event loop runs: the processor sheds what a backlog makes late.
         self.loop_lag = LoopLagMonitor(self.clock)
+        monitor = self.loop_lag
+        self.metrics.loop_lag.set_function(lambda: monitor.lag_s)
         self.processor = QueryProcessor(
             registry=self.registry,
             cache=self.cache,
