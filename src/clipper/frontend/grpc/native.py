@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 import hpack
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
-from clipper.errors import RequestError
+from clipper.errors import ClipperError, RequestError
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc.server import (
     InferReply,
@@ -118,13 +118,17 @@ def error_block(code: int, message: str) -> bytes:
     )
 
 
-class ProtocolError(Exception):
+class ProtocolError(ClipperError):
+    """A connection error: answered with GOAWAY ``code`` and a close."""
+
     def __init__(self, code: int, why: str) -> None:
         super().__init__(why)
         self.code = code
 
 
-class _Abort(Exception):
+class _Abort(ClipperError):
+    """A servicer method's ``context.abort``: a trailers-only error response."""
+
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
