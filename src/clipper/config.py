@@ -239,7 +239,7 @@ class FrontendConfig:
     )
     # What serves that port: our own HTTP/2 on the event loop, or grpc.aio (whose thread hand-off
     # per call capped V2 gRPC at a fraction of V2 REST; docs/benchmarks.md).
-    grpc_transport: GrpcTransport = field(default="grpcio", metadata=cli(choice=GRPC_TRANSPORTS))
+    grpc_transport: GrpcTransport = field(default="native", metadata=cli(choice=GRPC_TRANSPORTS))
 
     def __post_init__(self) -> None:
         if self.admin_host not in _LOOPBACK and not self.admin_token:
