@@ -20,6 +20,7 @@ from clipper.errors import ConfigError
 __all__ = [
     "CACHE_POLICIES",
     "CONTROLLERS",
+    "GRPC_TRANSPORTS",
     "INPUT_TYPES",
     "LOSSES",
     "MANAGERS",
@@ -30,6 +31,7 @@ __all__ = [
     "CachePolicy",
     "Choice",
     "Controller",
+    "GrpcTransport",
     "InputTypeName",
     "LossName",
     "ManagerScheme",
@@ -277,5 +279,21 @@ STORES = Choice(
             "clipper.store.base:_open_redis",
         ),
         "rediss": Option("rediss://... - redis over TLS", "clipper.store.base:_open_redis"),
+    },
+)
+
+GrpcTransport = Literal["native", "grpcio"]
+GRPC_TRANSPORTS = Choice(
+    "gRPC transport",
+    GrpcTransport,
+    {
+        "native": Option(
+            "HTTP/2 on the frontend's event loop, unary calls (the fast path)",
+            "clipper.frontend.grpc.native:NativeGrpcServer",
+        ),
+        "grpcio": Option(
+            "grpc.aio (grpcio's C core and its own thread)",
+            "clipper.frontend.grpc.server:V2GrpcServer",
+        ),
     },
 )

@@ -9,12 +9,14 @@ from typing import Any, Final
 from clipper.choices import (
     CACHE_POLICIES,
     CONTROLLERS,
+    GRPC_TRANSPORTS,
     MANAGERS,
     STORES,
     WAITS,
     CachePolicy,
     Choice,
     Controller,
+    GrpcTransport,
     WaitName,
 )
 from clipper.errors import ConfigError
@@ -235,6 +237,9 @@ class FrontendConfig:
         default=None,
         metadata=cli("Open Inference Protocol gRPC port; -1 turns it off", default=8001),
     )
+    # What serves that port: our own HTTP/2 on the event loop, or grpc.aio (whose thread hand-off
+    # per call capped V2 gRPC at a fraction of V2 REST; docs/benchmarks.md).
+    grpc_transport: GrpcTransport = field(default="native", metadata=cli(choice=GRPC_TRANSPORTS))
 
     def __post_init__(self) -> None:
         if self.admin_host not in _LOOPBACK and not self.admin_token:
@@ -280,6 +285,7 @@ class FrontendConfig:
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         CACHE_POLICIES.check(self.cache_policy)
+        GRPC_TRANSPORTS.check(self.grpc_transport)
         if self.queue_capacity < 1:
             raise ConfigError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
         if self.replica_timeout_s <= self.heartbeat_interval_s:

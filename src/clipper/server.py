@@ -49,6 +49,7 @@ from clipper.runtime.replicas import ReplicaDirectory
 from clipper.store.base import Store, open_store
 
 if TYPE_CHECKING:
+    from clipper.frontend.grpc.native import NativeGrpcServer
     from clipper.frontend.grpc.server import V2GrpcServer
 
 __all__ = ["Clipper"]
@@ -193,12 +194,20 @@ class Clipper:
             max_body_bytes=config.max_body_bytes,
             limits=HttpLimits.admin_port(config), clock=self.clock,
         )  # fmt: skip
-        self.grpc: V2GrpcServer | None = None
+        self.grpc: V2GrpcServer | NativeGrpcServer | None = None
         if config.grpc_port is not None:
             # Imported only when served: grpc is heavy, and containers import this package.
-            from clipper.frontend.grpc.server import V2GrpcServer
+            from clipper.choices import GRPC_TRANSPORTS
 
-            self.grpc = V2GrpcServer(self.services, host=config.host, port=config.grpc_port)
+            if config.grpc_transport == "native":
+                self.grpc = GRPC_TRANSPORTS.load("native")(
+                    self.services, host=config.host, port=config.grpc_port,
+                    max_message_bytes=config.max_body_bytes,
+                )  # fmt: skip
+            else:
+                self.grpc = GRPC_TRANSPORTS.load("grpcio")(
+                    self.services, host=config.host, port=config.grpc_port
+                )
         self._stack: contextlib.AsyncExitStack | None = None
         self._stop_event: asyncio.Event | None = None
 

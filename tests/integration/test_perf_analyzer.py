@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 
 from clipper import BatchingConfig, Clipper
+from clipper.choices import GRPC_TRANSPORTS
 from tests.integration import models
 from tests.integration.helpers import request
 
@@ -51,9 +52,11 @@ pytestmark = [
 ]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def served() -> AsyncIterator[Clipper]:
-    async with Clipper(query_port=0, rpc_port=0, admin_port=0, grpc_port=0) as c:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=GRPC_TRANSPORTS.names)
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[Clipper]:
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, grpc_port=0, grpc_transport=request.param
+    ) as c:
         await c.deploy_model(
             "sums",
             "1",

@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from clipper import BatchingConfig, Clipper
-from clipper.frontend.grpc.server import V2GrpcServer
+from clipper.choices import GRPC_TRANSPORTS
 from clipper.frontend.v2_request import NP_DTYPES
 from tests.integration import models
 from tests.integration.helpers import request
@@ -74,9 +74,12 @@ _CONTENTS = {
 }
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def served() -> AsyncIterator[tuple[Clipper, str]]:
-    async with Clipper(query_port=0, rpc_port=0, admin_port=0, grpc_port=0) as c:
+# Every test runs against both gRPC transports: the real clients are the interoperability proof.
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=GRPC_TRANSPORTS.names)
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Clipper, str]]:
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, grpc_port=0, grpc_transport=request.param
+    ) as c:
         batching = BatchingConfig(max_wait_micros=500)
         await asyncio.gather(
             c.deploy_model("echo-i", "1", models.echo_rows, input_type="ints", batching=batching),
@@ -98,7 +101,7 @@ async def served() -> AsyncIterator[tuple[Clipper, str]]:
         ):
             await c.register_application(app, itype, '"none"', SLO_US)
             await c.link_model_to_app(app, model)
-        assert isinstance(c.grpc, V2GrpcServer) and c.grpc.port > 0
+        assert c.grpc is not None and c.grpc.port > 0
         yield c, f"127.0.0.1:{c.grpc.port}"
 
 

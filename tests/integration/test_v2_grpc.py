@@ -16,7 +16,7 @@ import pytest_asyncio
 
 import clipper as clipper_pkg
 from clipper import BatchingConfig, Clipper
-from clipper.frontend.grpc.server import V2GrpcServer
+from clipper.choices import GRPC_TRANSPORTS
 from tests.integration import models
 
 pytestmark = [
@@ -32,10 +32,13 @@ pytestmark = [
 SLO_US = 2_000_000
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def served() -> AsyncIterator[tuple[Clipper, str]]:
+# Every test runs against both gRPC transports: the real clients are the interoperability proof.
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=GRPC_TRANSPORTS.names)
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Clipper, str]]:
     # grpc_port=0: the frontend serves the gRPC service itself, on a free port
-    async with Clipper(query_port=0, rpc_port=0, admin_port=0, grpc_port=0) as c:
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, grpc_port=0, grpc_transport=request.param
+    ) as c:
         batching = BatchingConfig(max_wait_micros=2000)
         await asyncio.gather(
             c.deploy_model("sums", "1", models.row_sums, input_type="doubles", batching=batching),
@@ -46,7 +49,7 @@ async def served() -> AsyncIterator[tuple[Clipper, str]]:
         await c.register_application("words", "strings", "-1.0", SLO_US)
         await c.link_model_to_app("words", "shout")
         await c.register_application("lonely", "doubles", "-1.0", SLO_US)
-        assert isinstance(c.grpc, V2GrpcServer) and c.grpc.port > 0
+        assert c.grpc is not None and c.grpc.port > 0
         yield c, f"127.0.0.1:{c.grpc.port}"
 
 
@@ -207,7 +210,8 @@ async def test_bad_raw_tensor_is_invalid_argument(served: tuple[Clipper, str]) -
     assert "48 bytes" in err.details()
 
 
-async def test_overload_is_unavailable() -> None:
+@pytest.mark.parametrize("transport", GRPC_TRANSPORTS.names)
+async def test_overload_is_unavailable(transport: str) -> None:
     """An application that answers overload with an error (``overload="reject"``): queries
     beyond one running batch and a queue of 2 are refused at once with UNAVAILABLE, the others
     are answered."""
@@ -217,7 +221,12 @@ async def test_overload_is_unavailable() -> None:
 
     capacity, n = 2, 10
     async with Clipper(
-        query_port=0, rpc_port=0, admin_port=0, grpc_port=0, queue_capacity=capacity
+        query_port=0,
+        rpc_port=0,
+        admin_port=0,
+        grpc_port=0,
+        queue_capacity=capacity,
+        grpc_transport=transport,
     ) as c:
         one_at_a_time = BatchingConfig(controller="fixed", max_batch_size=1, max_wait_micros=0)
         await c.deploy_model(

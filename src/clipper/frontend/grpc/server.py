@@ -46,7 +46,15 @@ if TYPE_CHECKING:
     from clipper.registry import Application
     from clipper.runtime.catalog import QueryServices
 
-__all__ = ["V2GrpcServer", "abort", "encode_response", "parse_infer"]
+__all__ = [
+    "InferReply",
+    "V2GrpcServer",
+    "abort",
+    "encode_response",
+    "error_status",
+    "parse_infer",
+    "submit_infer",
+]
 
 
 # The InferTensorContents field that carries each datatype.
@@ -97,7 +105,7 @@ class V2GrpcServer:
         if self._server is not None:
             return
         server = grpc.aio.server()
-        servicer = _Servicer(self.svc)
+        servicer = Servicer(self.svc)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         bound = server.add_insecure_port(address)
@@ -114,31 +122,88 @@ class V2GrpcServer:
             await server.stop(grace)
 
 
+def error_status(err: RequestError) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status of an error: every transport renders V2 gRPC errors through this."""
+    return _code(err.status), err.cause
+
+
 async def abort(context: Any, err: RequestError) -> NoReturn:
-    """The gRPC error: every V2 gRPC error is rendered here, as a status code and message."""
-    await context.abort(_code(err.status), err.cause)  # raises
+    """The gRPC error: every V2 gRPC error of the grpcio transport is rendered here."""
+    await context.abort(*error_status(err))  # raises
     raise AssertionError("unreachable")
 
 
-class _Pending:
-    """A ModelInfer call's :class:`~clipper.frontend.prediction.Reply`: it resolves the
-    future the call awaits (a cancelled call leaves a cancelled future)."""
+class InferReply:
+    """A ModelInfer call's :class:`~clipper.frontend.prediction.Reply`, shared by both
+    transports: :func:`submit_infer` fills in what the response needs, :meth:`answer` builds
+    the ModelInferResponse (:func:`encode_response`) and hands it to :meth:`deliver`; an error
+    goes to :meth:`fail`. Each transport says how to deliver."""
+
+    __slots__ = ("infer", "model", "version")
+
+    def __init__(self) -> None:
+        self.model = ""
+        self.version = ""
+        self.infer: InferRequest | None = None
+
+    def answer(self, predictions: list[Prediction]) -> None:
+        assert self.infer is not None
+        try:
+            response = encode_response(self.model, self.version, self.infer, predictions)
+        except Exception as e:
+            self.fail(answer_failed("encoding a ModelInferResponse", e))
+            return
+        self.deliver(response)
+
+    def deliver(self, response: Any) -> None:
+        raise NotImplementedError
+
+    def fail(self, err: RequestError) -> None:
+        raise NotImplementedError
+
+
+def submit_infer(svc: QueryServices, request: Any, reply: InferReply) -> None:
+    """Parse and validate a ModelInferRequest and hand it to the query processor, which
+    answers ``reply`` later (or at once). Raises :class:`RequestError`: a bug is INTERNAL
+    with its cause, not UNKNOWN."""
+    try:
+        app = find_app(svc.catalog.registry, request.model_name)
+        infer = parse_infer(request)
+        payloads = input_payloads(app, infer.inputs, svc.processor.max_items)
+        version = request.model_version or None
+        reply.version = resolve_version(svc.catalog.registry, app, version)
+        reply.model = app.name
+        reply.infer = infer
+        processor = svc.processor
+        processor.predict_payloads(
+            app, payloads, version, "", reply, processor.clock.now(), infer.slo_s
+        )
+    except RequestError:
+        raise
+    except Exception as e:
+        raise answer_failed("ModelInfer", e) from e
+
+
+class _Pending(InferReply):
+    """grpcio's reply: it resolves the future the call awaits (a cancelled call leaves a
+    cancelled future)."""
 
     __slots__ = ("future",)
 
-    def __init__(self, future: asyncio.Future[list[Prediction] | RequestError]) -> None:
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        super().__init__()
         self.future = future
 
-    def answer(self, predictions: list[Prediction]) -> None:
+    def deliver(self, response: Any) -> None:
         if not self.future.done():
-            self.future.set_result(predictions)
+            self.future.set_result(response)
 
     def fail(self, err: RequestError) -> None:
         if not self.future.done():
             self.future.set_result(err)
 
 
-class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
+class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, svc: QueryServices) -> None:
         self.svc = svc
 
@@ -196,31 +261,15 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        svc = self.svc
-        done: asyncio.Future[list[Prediction] | RequestError] = (
-            asyncio.get_running_loop().create_future()
-        )
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
-            app = self._app(request.model_name)
-            infer = parse_infer(request)
-            payloads = input_payloads(app, infer.inputs, svc.processor.max_items)
-            version = request.model_version or None
-            model_version = resolve_version(svc.catalog.registry, app, version)
-            processor = svc.processor
-            processor.predict_payloads(
-                app, payloads, version, "", _Pending(done), processor.clock.now(), infer.slo_s
-            )
+            submit_infer(self.svc, request, _Pending(done))
         except RequestError as err:
             await abort(context, err)
-        except Exception as e:  # INTERNAL with the cause, not UNKNOWN
-            await abort(context, answer_failed("ModelInfer", e))
         result = await done
         if isinstance(result, RequestError):
             await abort(context, result)
-        try:
-            return encode_response(app.name, model_version, infer, result)
-        except Exception as e:
-            await abort(context, answer_failed("encoding a ModelInferResponse", e))
+        return result
 
 
 def parse_infer(request: Any) -> InferRequest:

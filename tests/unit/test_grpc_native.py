@@ -1,0 +1,288 @@
+"""The native gRPC transport's HTTP/2 and HPACK handling, driven frame by frame (no sockets).
+
+The client side is ``h2`` (an independent HTTP/2 implementation), so what the server writes is
+checked by someone else's parser.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, cast
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import hpack
+import pytest
+
+from clipper.frontend.grpc import native
+from clipper.frontend.grpc.native import (
+    COMPRESSION_ERROR,
+    FRAME_SIZE_ERROR,
+    PREFACE,
+    PROTOCOL_ERROR,
+    HeaderCache,
+    NativeGrpcServer,
+    error_block,
+    frame,
+    header_block,
+)
+
+GRPC_HEADERS = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", "/inference.GRPCInferenceService/ServerLive"),
+    (":authority", "localhost"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed
+        self.data += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        out = bytes(self.data)
+        self.data.clear()
+        return out
+
+
+def _connection() -> tuple[Any, _Transport]:
+    server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, max_message_bytes=1024)
+    conn = native._Connection(server)
+    transport = _Transport()
+    conn.connection_made(cast(Any, transport))
+    return conn, transport
+
+
+def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    out = []
+    while data:
+        hi, lo, kind, flags, sid = struct.unpack_from(">BHBBI", data)
+        n = (hi << 16) | lo
+        out.append((kind, flags, sid, data[9 : 9 + n]))
+        data = data[9 + n :]
+    return out
+
+
+def _goaway_code(transport: _Transport) -> int:
+    goaways = [p for kind, _, _, p in _frames(transport.take()) if kind == native.GOAWAY]
+    assert goaways, "no GOAWAY"
+    assert transport.closed
+    return int(struct.unpack(">I", goaways[-1][4:8])[0])
+
+
+_PING = frame(native.PING, 0, 0, b"x" * 8)
+
+
+def _settings_frame() -> bytes:
+    return frame(native.SETTINGS, 0, 0)
+
+
+# -- HPACK ---------------------------------------------------------------------------------------
+def test_response_header_blocks_decode_with_hpack() -> None:
+    decoder = hpack.Decoder()
+
+    def d_decode(block: bytes) -> list[tuple[str, str]]:
+        return [(str(n), str(v)) for n, v in decoder.decode(block)]
+
+    block = header_block([(b":status", b"200"), (b"content-type", b"application/grpc")])
+    assert d_decode(block) == [(":status", "200"), ("content-type", "application/grpc")]
+    long = b"x" * 300  # a multi-byte HPACK length
+    assert d_decode(header_block([(b"grpc-message", long)])) == [("grpc-message", long.decode())]
+    got = d_decode(error_block(5, "unknown model 'ä' 100%\n"))
+    assert got[2:] == [("grpc-status", "5"), ("grpc-message", "unknown model '%C3%A4' 100%25%0A")]
+    assert len(decoder.header_table.dynamic_entries) == 0  # nothing was indexed
+
+
+def test_the_header_cache_serves_repeated_blocks() -> None:
+    cache = HeaderCache()
+    enc = hpack.Encoder()
+    first = enc.encode(GRPC_HEADERS)  # inserts into the dynamic table
+    again = enc.encode(GRPC_HEADERS)  # all indexed: changes nothing
+    path = b"/inference.GRPCInferenceService/ServerLive"
+    assert cache.decode(first) == (path, b"application/grpc")
+    assert cache.decode(again) == (path, b"application/grpc")
+    calls = 0
+    decode = cache.decoder.decode
+
+    def counting(block: bytes, raw: bool = False) -> Any:
+        nonlocal calls
+        calls += 1
+        return decode(block, raw=raw)
+
+    cache.decoder.decode = counting  # type: ignore[method-assign,assignment]
+    for _ in range(5):
+        assert cache.decode(again) == (path, b"application/grpc")
+    assert calls == 0
+
+
+def test_a_block_that_inserts_is_never_served_from_the_cache() -> None:
+    cache = HeaderCache()
+    enc = hpack.Encoder()
+    inserting = enc.encode([(":path", "/a"), ("content-type", "application/grpc")])
+    cache.decode(inserting)
+    generation = cache.generation
+    entries = len(cache.decoder.header_table.dynamic_entries)
+    # The same bytes again: decoded again (they insert again), never replayed.
+    cache.decode(inserting)
+    assert len(cache.decoder.header_table.dynamic_entries) == 2 * entries
+    assert cache.generation > generation
+    # A block that references the newest entries means something else after an insert.
+    d = hpack.Decoder()
+    d.decode(inserting)
+    d.decode(inserting)
+    indexed = bytes([0x80 | 62])  # dynamic entry 62: the newest
+    assert cache.decode(indexed)[1] == b"application/grpc"
+    cache.decode(enc.encode([("content-type", "application/grpc+proto")]))
+    assert cache.decode(indexed)[1] == b"application/grpc+proto"
+
+
+# -- frames --------------------------------------------------------------------------------------
+def test_our_settings_go_first() -> None:
+    _, transport = _connection()
+    kinds = [kind for kind, *_ in _frames(transport.take())]
+    assert kinds == [native.SETTINGS, native.WINDOW_UPDATE]
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"GET / HTTP/1.1\r\n\r\n" + b"x" * 20, PROTOCOL_ERROR),
+        (PREFACE + struct.pack(">BHBBI", 1, 0, native.DATA, 0, 1), FRAME_SIZE_ERROR),
+        (PREFACE + frame(native.SETTINGS, 0, 0, b"\x00" * 5), FRAME_SIZE_ERROR),
+        (PREFACE + frame(native.SETTINGS, 0, 1), PROTOCOL_ERROR),
+        (PREFACE + frame(native.SETTINGS, 1, 0, b"\x00" * 6), FRAME_SIZE_ERROR),
+        (PREFACE + frame(native.PING, 0, 0, b"1234567"), FRAME_SIZE_ERROR),
+        (PREFACE + frame(native.WINDOW_UPDATE, 0, 0, b"\x00" * 4), PROTOCOL_ERROR),
+        (PREFACE + frame(native.CONTINUATION, native.END_HEADERS, 1, b""), PROTOCOL_ERROR),
+        (PREFACE + frame(native.DATA, 0, 0, b"x"), PROTOCOL_ERROR),
+        (PREFACE + frame(native.DATA, 0, 3, b"x"), PROTOCOL_ERROR),
+        (PREFACE + frame(native.DATA, native.PADDED, 1, b"\x05ab"), PROTOCOL_ERROR),
+        (PREFACE + frame(native.HEADERS, native.END_HEADERS, 2, b"\x88"), PROTOCOL_ERROR),
+        (PREFACE + frame(native.HEADERS, native.END_HEADERS, 1, b"\xff" * 3), COMPRESSION_ERROR),
+        (PREFACE + frame(native.HEADERS, 0, 1, b"\x88") + _PING, PROTOCOL_ERROR),
+        (PREFACE + frame(native.PUSH_PROMISE, 0, 1, b"\x00" * 4), PROTOCOL_ERROR),
+        (PREFACE + frame(native.RST_STREAM, 0, 0, b"\x00" * 4), PROTOCOL_ERROR),
+        (PREFACE + frame(native.PRIORITY, 0, 1, b"\x00" * 4), FRAME_SIZE_ERROR),
+    ],
+)  # fmt: skip
+def test_malformed_frames_get_goaway_not_a_crash(data: bytes, code: int) -> None:
+    conn, transport = _connection()
+    transport.take()
+    for i in range(0, len(data), 7):  # byte-split reads: the parser waits for whole frames
+        conn.data_received(data[i : i + 7])
+    assert _goaway_code(transport) == code
+    conn.data_received(b"more")  # after the close: ignored
+    assert not transport.data
+
+
+def test_an_endless_header_block_is_cut_off() -> None:
+    conn, transport = _connection()
+    transport.take()
+    conn.data_received(PREFACE + _settings_frame() + frame(native.HEADERS, 0, 1, b"\x88"))
+    chunk = frame(native.CONTINUATION, 0, 1, b"\x00" * 16_000)
+    for _ in range(5):
+        conn.data_received(chunk)
+    assert _goaway_code(transport) == PROTOCOL_ERROR
+
+
+def test_ping_is_acked_and_priority_ignored() -> None:
+    conn, transport = _connection()
+    transport.take()
+    conn.data_received(
+        PREFACE + _settings_frame() + frame(native.PRIORITY, 0, 1, b"\x00" * 5)
+        + frame(native.PING, 0, 0, b"12345678")
+    )  # fmt: skip
+    got = _frames(transport.take())
+    assert (native.SETTINGS, native.ACK, 0, b"") in got
+    assert (native.PING, native.ACK, 0, b"12345678") in got
+    assert not transport.closed
+
+
+def _client(window: int = 65_535) -> h2.connection.H2Connection:
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.local_settings = h2.settings.Settings(
+        client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window}
+    )
+    client.initiate_connection()
+    return client
+
+
+def _exchange(conn: Any, transport: _Transport, client: h2.connection.H2Connection) -> list[Any]:
+    """Client -> server -> client: the events the client sees."""
+    conn.data_received(client.data_to_send())
+    return list(client.receive_data(transport.take()))
+
+
+def test_a_response_larger_than_the_window_waits_for_window_update() -> None:
+    conn, transport = _connection()
+    client = _client(window=10)
+    client.send_headers(1, GRPC_HEADERS)  # the request is not finished: not dispatched
+    _exchange(conn, transport, client)
+    message = bytes(range(100))
+    conn.send_message(conn.streams[1], message)
+    events = list(client.receive_data(transport.take()))
+    sent = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
+    assert len(sent) == 10  # the stream's window, no more
+    assert not any(isinstance(e, h2.events.StreamEnded) for e in events)
+    # The client consumes; its WINDOW_UPDATEs let the rest and the trailers through.
+    got = bytearray(sent)
+    for _ in range(20):
+        client.acknowledge_received_data(len(sent), 1)
+        events = _exchange(conn, transport, client)
+        data = [e.data for e in events if isinstance(e, h2.events.DataReceived)]
+        sent = b"".join(data)
+        got += sent
+        if any(isinstance(e, h2.events.StreamEnded) for e in events):
+            break
+    assert bytes(got) == struct.pack(">BI", 0, 100) + message
+    trailers = [e for e in events if isinstance(e, h2.events.TrailersReceived)]
+    assert trailers and (b"grpc-status", b"0") in trailers[0].headers
+    assert 1 not in conn.streams
+
+
+def test_a_reset_stream_is_forgotten_and_its_answer_dropped() -> None:
+    conn, transport = _connection()
+    client = _client()
+    client.send_headers(1, GRPC_HEADERS)
+    _exchange(conn, transport, client)
+    stream = conn.streams[1]
+    client.reset_stream(1)
+    _exchange(conn, transport, client)
+    assert 1 not in conn.streams
+    conn.send_message(stream, b"late")
+    assert not transport.data
+
+
+def test_compressed_and_oversized_messages_are_refused() -> None:
+    conn, transport = _connection()
+    client = _client()
+    client.send_headers(1, GRPC_HEADERS)
+    client.send_data(1, struct.pack(">BI", 1, 3) + b"abc", end_stream=True)
+    client.send_headers(3, GRPC_HEADERS)
+    client.send_data(3, struct.pack(">BI", 0, 2000) + b"x" * 2000, end_stream=True)
+    events = _exchange(conn, transport, client)
+    statuses = {
+        e.stream_id: dict(e.headers)[b"grpc-status"]
+        for e in events
+        if isinstance(e, h2.events.ResponseReceived)
+    }
+    assert statuses == {1: b"12", 3: b"8"}  # UNIMPLEMENTED, RESOURCE_EXHAUSTED
+    assert not transport.closed
