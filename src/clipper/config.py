@@ -156,6 +156,12 @@ class FrontendConfig:
     keepalive_timeout_s: float = field(
         default=30.0, metadata=cli("seconds an idle keep-alive connection stays open")
     )
+    # gRPC clients hold one connection for many calls and reconnect after a GOAWAY by
+    # themselves: a longer idle limit than HTTP/1.1 keep-alive.
+    grpc_idle_timeout_s: float = field(
+        default=300.0,
+        metadata=cli("seconds a gRPC connection with no call open stays open (native transport)"),
+    )
     cache_bytes: int = field(
         default=32 * 2**20, metadata=cli("prediction cache size; 0 disables storing")
     )
@@ -275,7 +281,9 @@ class FrontendConfig:
             raise ConfigError(
                 f"health_reserve_connections must be >= 0, got {self.health_reserve_connections}"
             )
-        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+        for name in (
+            "header_timeout_s", "body_timeout_s", "keepalive_timeout_s", "grpc_idle_timeout_s",
+        ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.replica_log_bytes < 1024 or self.deleted_logs_grace_s < 0:

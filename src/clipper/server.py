@@ -202,7 +202,10 @@ class Clipper:
             if config.grpc_transport == "native":
                 self.grpc = GRPC_TRANSPORTS.load("native")(
                     self.services, host=config.host, port=config.grpc_port,
-                    max_message_bytes=config.max_body_bytes,
+                    max_message_bytes=config.max_body_bytes, clock=self.clock,
+                    max_connections=config.max_connections,
+                    preface_timeout_s=config.header_timeout_s,
+                    idle_timeout_s=config.grpc_idle_timeout_s,
                 )  # fmt: skip
             else:
                 self.grpc = GRPC_TRANSPORTS.load("grpcio")(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from typing import Any, cast
 
 import pytest
 
@@ -12,6 +13,7 @@ from clipper import BatchingConfig, Clipper
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
 from tests.integration import models
+from tests.integration.helpers import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="function")]
 
@@ -47,3 +49,84 @@ async def test_a_thousand_concurrent_calls_are_answered_correctly() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.ModelReady(pb.ModelReadyRequest(name="nope"))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+# -- connection hygiene on the gRPC port -----------------------------------------------------
+
+
+async def _served(**limits: float) -> tuple[Any, int]:
+    from clipper.frontend.grpc.native import NativeGrpcServer
+
+    server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, **limits)  # type: ignore[arg-type]
+    await server.start()
+    return server, server.port
+
+
+async def _frames_until_closed(reader: asyncio.StreamReader, limit_s: float) -> bytes:
+    """Everything the server sends until it closes the connection (bounded)."""
+    async with asyncio.timeout(limit_s):
+        return await reader.read(-1)
+
+
+def _goaway_codes(data: bytes) -> list[int]:
+    from clipper.frontend.grpc.native import GOAWAY
+
+    codes, pos = [], 0
+    while len(data) - pos >= 9:
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        kind = data[pos + 3]
+        payload = data[pos + 9 : pos + 9 + length]
+        if kind == GOAWAY:
+            codes.append(int.from_bytes(payload[4:8], "big"))
+        pos += 9 + length
+    return codes
+
+
+async def test_a_client_that_never_sends_the_preface_is_closed() -> None:
+    server, port = await _served(preface_timeout_s=0.2)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"PRI * HTTP/2.0\r\n")  # half a preface, then silence
+        data = await _frames_until_closed(reader, 5.0)
+        writer.close()
+        assert _goaway_codes(data) == []  # closed, not spoken to: it never spoke HTTP/2
+        assert not server.connections
+    finally:
+        await server.stop()
+
+
+async def test_an_idle_connection_gets_goaway_then_closes() -> None:
+    from clipper.frontend.grpc.native import NO_ERROR, PREFACE, SETTINGS, frame
+
+    server, port = await _served(idle_timeout_s=0.3)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(PREFACE + frame(SETTINGS, 0, 0))
+        data = await _frames_until_closed(reader, 5.0)
+        writer.close()
+        assert _goaway_codes(data) == [NO_ERROR]
+    finally:
+        await server.stop()
+
+
+async def test_connections_past_the_limit_are_refused_with_the_reason() -> None:
+    from clipper.frontend.grpc.native import ENHANCE_YOUR_CALM, PREFACE, SETTINGS, frame
+
+    server, port = await _served(max_connections=2)
+    held = []
+    try:
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(PREFACE + frame(SETTINGS, 0, 0))
+            held.append(writer)
+        await wait_for(lambda: len(server.connections) == 2, what="both connections accepted")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        data = await _frames_until_closed(reader, 5.0)
+        writer.close()
+        assert _goaway_codes(data) == [ENHANCE_YOUR_CALM]
+        assert b"max_connections" in data
+        assert server.refused == 1 and len(server.connections) == 2
+    finally:
+        for w in held:
+            w.close()
+        await server.stop()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 import hpack
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
+from clipper.clock import Clock, MonotonicClock, TimerHandle
 from clipper.errors import ClipperError, RequestError
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc.server import (
@@ -55,6 +56,7 @@ END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
 # Error codes.
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
 
 MAX_FRAME = 16_384  # what we accept: the protocol's default, so any peer respects it
 WINDOW = 16 * 2**20  # our receive windows: a request of up to 16 MiB never waits for us
@@ -238,11 +240,31 @@ class _Connection(asyncio.Protocol):
         self.out: list[bytes] | None = None  # writes gathered while a read is parsed
         self.closed = False
         self.goaway = False
+        self.opened = self.last_active = server.clock.now()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.Transport", transport)  # uvloop's is no subclass
-        self.server.connections.add(self)
+        server = self.server
+        if len(server.connections) >= server.max_connections:
+            # Refused at once, with the reason: a flood of connections must not take the
+            # descriptors that the other ports (health checks, the admin API) need.
+            server.refused += 1
+            self.closed = True
+            self.transport.write(
+                frame(
+                    GOAWAY,
+                    0,
+                    0,
+                    _U32.pack(0)
+                    + _U32.pack(ENHANCE_YOUR_CALM)
+                    + f"the server holds its limit of {server.max_connections} connections "
+                    "(max_connections)".encode(),
+                )
+            )
+            self.transport.close()
+            return
+        server.connections.add(self)
         settings = b"".join(
             _SETTING.pack(k, v)
             for k, v in ((0x3, MAX_STREAMS), (0x4, WINDOW), (0x6, MAX_HEADER_BLOCK))
@@ -262,6 +284,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.last_active = self.server.clock.now()
         self.buf += data
         self.out = []
         try:
@@ -641,12 +664,31 @@ class NativeGrpcServer:
     ``max_message_bytes`` bounds a request message (the frontend's max_body_bytes)."""
 
     def __init__(
-        self, svc: QueryServices, *, host: str, port: int, max_message_bytes: int = 10 * 2**20
+        self,
+        svc: QueryServices,
+        *,
+        host: str,
+        port: int,
+        max_message_bytes: int = 10 * 2**20,
+        clock: Clock | None = None,
+        max_connections: int = 10_000,
+        preface_timeout_s: float = 10.0,
+        idle_timeout_s: float = 300.0,
     ) -> None:
         self.svc = svc
         self.host = host
         self.port = port
         self.max_message_bytes = max_message_bytes
+        self.clock: Clock = clock or MonotonicClock()
+        # Connection hygiene, as on the HTTP ports: a connection limit (refused with GOAWAY
+        # ENHANCE_YOUR_CALM), a deadline for the connection preface (a silent or slow client
+        # is closed) and an idle limit (no stream open for that long: GOAWAY, then close;
+        # gRPC clients reconnect by themselves).
+        self.max_connections = max_connections
+        self.preface_timeout_s = preface_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.refused = 0
+        self._sweeper: TimerHandle | None = None
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Future[Any]] = set()
         self._server: asyncio.Server | None = None
@@ -669,12 +711,34 @@ class NativeGrpcServer:
             lambda: _Connection(self), self.host, self.port, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self._arm_sweep()
+
+    def _arm_sweep(self) -> None:
+        # One timer for all connections, not one per connection: the hot path stays free of
+        # timer handling, and a sweep costs O(connections) a few times per timeout.
+        period = max(min(self.preface_timeout_s, self.idle_timeout_s) / 4, 0.01)
+        self._sweeper = self.clock.call_later(period, self._sweep)
+
+    def _sweep(self) -> None:
+        now = self.clock.now()
+        for conn in list(self.connections):
+            if conn.closed:
+                continue
+            if not conn.preface and now - conn.opened >= self.preface_timeout_s:
+                conn.closed = True
+                conn.transport.close()  # never spoke HTTP/2: nothing to say to it
+            elif not conn.streams and now - conn.last_active >= self.idle_timeout_s:
+                conn._goaway(NO_ERROR, "idle")
+        self._arm_sweep()
 
     async def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving: GOAWAY to every connection, ``grace`` seconds for calls in flight."""
         server, self._server = self._server, None
         if server is None:
             return
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         server.close()
         for conn in list(self.connections):
             conn.goaway = True
