@@ -79,6 +79,12 @@ class Application:
     # Send feedback on to models whose containers implement update(inputs, labels).
     online_learning: bool = False
     default_value: Any = field(default=None, compare=False)
+    # Derived once: read several times per query on the hot path.
+    slo_s: float = field(default=0.0, init=False, compare=False, repr=False)
+    # How long before its deadline a query is answered with what it has: the answer still has
+    # to be written and reach the client, and a timer on a busy loop fires late. 10% of the
+    # SLO, at most 2 ms.
+    answer_margin_s: float = field(default=0.0, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_name("application", self.name)
@@ -110,17 +116,9 @@ class Application:
         except ClipperError as e:
             raise RegistryError(str(e)) from None
         object.__setattr__(self, "default_value", embed_output(self.default_output))
-
-    @property
-    def slo_s(self) -> float:
-        return self.latency_slo_micros / 1e6
-
-    @property
-    def answer_margin_s(self) -> float:
-        """How long before its deadline a query is answered with what it has: the answer
-        still has to be written and reach the client, and a timer on a busy loop fires late.
-        10% of the SLO, at most 2 ms."""
-        return min(0.1 * self.slo_s, 0.002)
+        slo_s = self.latency_slo_micros / 1e6
+        object.__setattr__(self, "slo_s", slo_s)
+        object.__setattr__(self, "answer_margin_s", min(0.1 * slo_s, 0.002))
 
     def to_record(self) -> dict[str, Any]:
         return {
