@@ -488,3 +488,30 @@ def test_packaging_a_function_imports_no_framework(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_packaging_in_threads_at_once_keeps_by_value_registrations_consistent(
+    tmp_path: Path,
+) -> None:
+    """The frontend packages deploys off its event loop, so several may pickle at once; the
+    by-value registry is process-wide and must not be unregistered under another's feet."""
+    import concurrent.futures
+
+    import cloudpickle
+
+    from clipper.deployers._python import dump
+    from tests.integration import models as local_models
+
+    def one(i: int) -> float:
+        path = tmp_path / f"m{i}.pkl"
+        dump(local_models.row_sums, path)
+        fn = cloudpickle.loads(path.read_bytes())
+        return float(fn([[1.0, 2.0]])[0])
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave at every few bytecodes: races show
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(one, range(200))) == [3.0] * 200
+    finally:
+        sys.setswitchinterval(interval)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import sysconfig
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -36,9 +37,21 @@ def _owner_module(obj: object) -> str | None:
     return name if isinstance(name, str) else None
 
 
+# cloudpickle's by-value registry is one per process: two packagings in threads at once (the
+# frontend packages a deploy off its event loop) would unregister each other's modules.
+_BY_VALUE_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def by_value(objs: Iterable[object]) -> Iterator[None]:
-    """Within the block, cloudpickle pickles the local modules that define ``objs`` by value."""
+    """Within the block, cloudpickle pickles the local modules that define ``objs`` by value.
+    One block at a time per process (the registry is global)."""
+    with _BY_VALUE_LOCK, _registered(objs):
+        yield
+
+
+@contextlib.contextmanager
+def _registered(objs: Iterable[object]) -> Iterator[None]:
     registered: list[ModuleType] = []
     for obj in objs:
         module = sys.modules.get(_owner_module(obj) or "")
