@@ -104,9 +104,11 @@ class FrontendConfig:
     """
 
     host: str = field(default="127.0.0.1", metadata=cli("query API address"))
-    query_port: int = field(default=1337, metadata=cli("query API port"))
+    # Embedded frontends (tests, notebooks) bind free ports unless told otherwise, so they run
+    # beside a `clipper start` on the well-known ports; the command line keeps those.
+    query_port: int = field(default=0, metadata=cli("query API port", default=1337))
     rpc_host: str = field(default="127.0.0.1", metadata=cli("container RPC address"))
-    rpc_port: int = field(default=7000, metadata=cli("container RPC port"))
+    rpc_port: int = field(default=0, metadata=cli("container RPC port", default=7000))
     # Containers prove they were started by this deployment (ZeroMQ CURVE keys, made in
     # rpc_keys_dir on the first start); off only for containers that cannot do CURVE (the
     # original rpc.py), and then the RPC port must stay on loopback.
@@ -217,7 +219,7 @@ class FrontendConfig:
         default="127.0.0.1",
         metadata=cli("admin API address; beyond loopback it needs --admin-token"),
     )
-    admin_port: int = field(default=1338, metadata=cli("admin API port"))
+    admin_port: int = field(default=0, metadata=cli("admin API port", default=1338))
     # Replica logs: rotated by size (one previous file kept), and removed this long after
     # their version is deleted (long enough to read why it failed).
     replica_log_bytes: int = field(

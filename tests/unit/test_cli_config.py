@@ -130,3 +130,16 @@ def test_a_field_without_a_default_is_a_required_option(monkeypatch: pytest.Monk
     add_config_options(parser, Needs)
     _env_defaults(parser)
     assert config_from_args(parser.parse_args([]), Needs).name == "from-env"
+
+
+async def test_an_embedded_frontend_binds_no_well_known_port_unless_asked() -> None:
+    """Tests and notebooks run beside a `clipper start` on 1337/1338/7000/8001: an embedded
+    frontend takes free ports by default, the command line keeps the well-known ones."""
+    from clipper import Clipper
+
+    assert (FrontendConfig().query_port, FrontendConfig().admin_port) == (0, 0)
+    assert FrontendConfig().rpc_port == 0 and FrontendConfig().grpc_port is None
+    async with Clipper() as c:
+        bound = {c.http.port, c.admin_http.port, c.rpc.port}
+        assert not bound & {1337, 1338, 7000, 8001}
+        assert 0 not in bound

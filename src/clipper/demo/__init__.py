@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from clipper.demo.models import Stats, train_digits
@@ -21,7 +22,9 @@ async def deploy_demo(clipper: Clipper) -> list[str]:
         await clipper.link_model_to_app("demo", "stats")
     base = clipper.query_url
     lines.append(f"demo app: curl -X POST {base}/demo/predict -d '{{\"input\": [1, 2, 3.5]}}'")
-    model: Any = None if "digits" in registry.apps else train_digits()
+    # Trained on a worker thread: the event loop keeps serving (and hearing the stats
+    # replica's heartbeats) during the seconds a fit takes.
+    model: Any = None if "digits" in registry.apps else await asyncio.to_thread(train_digits)
     if model is not None:
         await clipper.register_application("digits", "doubles", "-1", 20_000)
         await clipper.deploy_model("logreg", "1", model, input_type="doubles")
