@@ -31,8 +31,10 @@ def save(model: Any, dest: Path) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             # torch >= 2.10 deprecates TorchScript; it still needs no source code in the
-            # container and no example input here, which torch.export would.
+            # container and no example input here, which torch.export would. Later torch
+            # releases warn with FutureWarning instead.
             warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", FutureWarning)
             scripted = model if has_base(model, "torch.jit") else torch.jit.script(model)
             scripted.save(str(dest / SCRIPT_FILE))
     except Exception as e:
@@ -66,6 +68,7 @@ def load(path: Path, manifest: dict[str, Any]) -> TorchModel:
     if manifest.get("serialization", "torchscript") == "torchscript":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", FutureWarning)
             module = torch.jit.load(str(file), map_location="cpu")
     else:
         with file.open("rb") as f:
