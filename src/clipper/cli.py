@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -28,6 +29,7 @@ def _env(name: str, default: Any) -> Any:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clipper", description="clipper-serve: prediction serving")
+    p.add_argument("--version", action="version", version=f"clipper-serve {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("start", help="run a frontend with the local container manager")
@@ -38,7 +40,13 @@ def _parser() -> argparse.ArgumentParser:
         default=_env("DEMO", "") in ("1", "true"),
         help="deploy the demo applications [CLIPPER_DEMO]",
     )
-    s.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[CLIPPER_LOG_LEVEL]")
+    s.add_argument(
+        "--log-level",
+        default=_env("LOG_LEVEL", "INFO"),
+        type=str.upper,
+        choices=_LOG_LEVELS,
+        help="[CLIPPER_LOG_LEVEL]",
+    )
 
     add_commands(sub, _env)
     return p
@@ -153,13 +161,39 @@ def _env_defaults(parser: argparse.ArgumentParser) -> None:
             action.required = False
 
 
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("clipper-serve")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     _env_defaults(parser)
     args = parser.parse_args(argv)
-    if args.command == "start":
-        return _start(args)
-    return run_command(args)
+    try:
+        if args.command == "start":
+            return _start(args)
+        return run_command(args)
+    except KeyboardInterrupt:
+        # Ctrl-C: no traceback. A change the server was already making goes on there (see
+        # `clipper status`); a deploy cut short by a stopping frontend is rolled back.
+        print("clipper: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `clipper status | head`: the reader left; say nothing more.
+        # Python's own flush of stdout at exit would fail again: point it at /dev/null.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return 141
 
 
 def _start(args: argparse.Namespace) -> int:

@@ -47,7 +47,7 @@ def test_the_documented_flags_keep_working(monkeypatch: pytest.MonkeyPatch) -> N
     assert config.host == "0.0.0.0" and config.query_port == 0 and config.grpc_port is None
     assert config.state_dir == Path("/tmp/x") and config.cache_policy == "lru"
     assert config.queue_capacity == 7 and config.store == "memory://" and config.admin_token == "t"
-    assert args.demo and args.log_level == "debug"
+    assert args.demo and args.log_level == "DEBUG"  # any case; normalised
 
 
 def test_defaults_on_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,3 +143,40 @@ async def test_an_embedded_frontend_binds_no_well_known_port_unless_asked() -> N
         bound = {c.http.port, c.admin_http.port, c.rpc.port}
         assert not bound & {1337, 1338, 7000, 8001}
         assert 0 not in bound
+
+
+def test_version_and_a_bad_log_level_are_one_line_answers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from clipper import cli as cli_module
+
+    with pytest.raises(SystemExit) as done:
+        cli_module.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("clipper-serve ")
+    with pytest.raises(SystemExit) as done:
+        cli_module.main(["start", "--log-level", "verbose"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'VERBOSE'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("raised", "code", "said"),
+    [(KeyboardInterrupt, 130, "clipper: interrupted\n"), (BrokenPipeError, 141, "")],
+)
+def test_ctrl_c_and_a_closed_pipe_end_a_command_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    raised: type[BaseException],
+    code: int,
+    said: str,
+) -> None:
+    from clipper import cli as cli_module
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise raised
+
+    monkeypatch.setattr(cli_module, "run_command", interrupted)
+    assert cli_module.main(["status"]) == code
+    assert capsys.readouterr().err == said
