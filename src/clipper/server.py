@@ -46,6 +46,7 @@ from clipper.runtime.catalog import Catalog, QueryServices
 from clipper.runtime.control import Control
 from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
+from clipper.runtime.state_lock import StateLock
 from clipper.store.base import Store, open_store
 
 if TYPE_CHECKING:
@@ -224,6 +225,10 @@ class Clipper:
         self._stop_event = asyncio.Event()
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._cleanup_tmp)
+            # One frontend per state directory (its store, artifacts, logs and node id).
+            lock = StateLock(self.state_dir)
+            lock.acquire()
+            stack.callback(lock.release)
             self.control.node_id = self.config.node_id or self._node_id()
             await self.store.open()
             stack.push_async_callback(self.store.close)
@@ -250,6 +255,12 @@ class Clipper:
             # First to run at stop: admin operations under way are cancelled (and roll back)
             # while the store and the runtime are still there.
             stack.push_async_callback(self.admin.stop)
+            lock.describe(
+                query_port=self.http.port,
+                admin_port=self.admin_http.port,
+                rpc_port=self.rpc.port,
+                grpc_port=self.grpc.port if self.grpc is not None else None,
+            )
             self._stack = stack.pop_all()
         log.info(
             "query API on http://%s:%s, RPC on %s",

@@ -4,8 +4,10 @@ store that can be made to fail, a container manager that records what it is aske
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -489,3 +491,23 @@ async def test_a_deleted_versions_logs_are_forgotten_after_the_grace_period() ->
     for _ in range(3):
         await asyncio.sleep(0)
     assert rt.manager.forgotten == [("m", "1")]  # "2" was registered again: its logs stay
+
+
+async def test_a_second_frontend_on_one_state_directory_is_refused_with_the_first_ones_ports(
+    tmp_path: Path,
+) -> None:
+    from clipper import Clipper
+    from clipper.errors import ConfigError
+
+    async with Clipper(state_dir=tmp_path) as first:
+        second = Clipper(state_dir=tmp_path)
+        with pytest.raises(ConfigError) as refused:
+            await second.start()
+        message = str(refused.value)
+        assert f"pid {os.getpid()}" in message
+        assert f"query port {first.query_port}" in message
+        assert f"admin port {first.admin_http.port}" in message
+        assert "--state-dir" in message
+    # once the first has stopped, the directory is free again
+    async with Clipper(state_dir=tmp_path) as again:
+        assert again.query_port > 0
