@@ -92,6 +92,7 @@ async def test_bad_feedback_is_a_clear_error(clipper: Clipper) -> None:
     for body, status, fragment in (
         (b"{", 400, b"Error parsing JSON"),
         (b'{"input": [1.0]}', 400, b"needs keys input and label"),
+        (b'{"input": [1.0], "label": null}', 400, b"is null; a label is the true output"),
         (b'{"input": "x", "label": 1}', 400, b"array of numbers"),
         (b'{"input": [1.0], "label": 1, "uid": [1]}', 400, b"uid"),
         (b'{"input": [1.0], "label": 1}', 400, b"no linked model"),

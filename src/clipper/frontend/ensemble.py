@@ -417,7 +417,9 @@ def combine_one(q: EnsembleQuery, i: int, query_id: int) -> Prediction:
 
 def parse_feedback(app: Application, body: bytes) -> tuple[Any, Any, str]:
     """(input item, label, uid) from ``{"input", "label", "uid"?}``."""
-    expected = '{"input": <input>, "label": <JSON value>, "uid": <string or int, optional>}'
+    expected = (
+        '{"input": <input>, "label": <JSON value, not null>, "uid": <string or int, optional>}'
+    )
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
@@ -425,6 +427,13 @@ def parse_feedback(app: Application, body: bytes) -> tuple[Any, Any, str]:
     if not isinstance(doc, dict) or "input" not in doc or "label" not in doc:
         raise BadInputError(
             "Error parsing JSON: feedback needs keys input and label. "
+            f"Expected JSON schema: {expected}"
+        )
+    if doc["label"] is None:
+        # A null label says nothing about any model: learning from it would score every
+        # model as wrong.
+        raise BadInputError(
+            f'Error parsing JSON: "label" is null; a label is the true output for the input. '
             f"Expected JSON schema: {expected}"
         )
     return doc["input"], doc["label"], parse_uid(doc.get("uid"))
