@@ -33,26 +33,13 @@ from clipper.store.base import (
     StoreEvent,
 )
 
-__all__ = ["StoreSync", "apply_ops", "delta_of", "diff_records", "diff_registries"]
+__all__ = ["StoreSync", "delta_of", "diff_registries"]
 
 log = logging.getLogger("clipper.store")
 
 _STATE_QUEUE_LIMIT = 100_000
-_MISSING = object()
 
 T = TypeVar("T")
-
-
-def diff_records(before: Records, after: Records) -> list[Op]:
-    """The store operations that turn ``before`` into ``after``."""
-    ops: list[Op] = []
-    for kind in CONFIG_KINDS:
-        old, new = before.get(kind, {}), after.get(kind, {})
-        for key, value in new.items():
-            if old.get(key, _MISSING) != value:
-                ops.append(Put(kind, key, value))
-        ops.extend(Delete(kind, key) for key in old if key not in new)
-    return ops
 
 
 def diff_registries(before: Registry, after: Registry) -> list[Op]:
@@ -100,18 +87,6 @@ def delta_of(ops: Sequence[Op | StoreEvent]) -> Records:
         else:
             delta[op.kind][op.key] = op.value
     return delta
-
-
-def apply_ops(records: Records, ops: Sequence[Op | StoreEvent]) -> Records:
-    """``records`` with ``ops`` applied (configuration kinds only); ``records`` is not changed."""
-    out: Records = {kind: dict(records.get(kind, {})) for kind in CONFIG_KINDS}
-    for kind, changed in delta_of(ops).items():
-        for key, value in changed.items():
-            if value is GONE:
-                out[kind].pop(key, None)
-            else:
-                out[kind][key] = value
-    return out
 
 
 class StoreSync:

@@ -19,7 +19,7 @@ from clipper.config import BatchingConfig
 from clipper.errors import RegistryError, ReplicaError
 from clipper.inputs import InputType
 from clipper.managers.base import ReplicaStatus
-from clipper.persistence import StoreSync, apply_ops, diff_records
+from clipper.persistence import StoreSync, delta_of, diff_registries
 from clipper.registry import Application, Change, ModelVersion, Registry
 from clipper.runtime.control import Control
 from clipper.runtime.reconciler import Reconciler
@@ -184,7 +184,7 @@ async def settle(rt: Runtime) -> None:
 # -- the registry as the store sees it ---------------------------------------------------------
 
 
-def test_diff_and_apply_ops_round_trip() -> None:
+def test_a_draft_diff_applied_as_a_delta_round_trips() -> None:
     r = Registry()
     r.add_app(app())
     before = r.records()
@@ -194,10 +194,11 @@ def test_diff_and_apply_ops_round_trip() -> None:
     draft.link("a", "m")
     draft.delete_app("a")
     draft.add_app(app("b"))
-    ops = diff_records(before, draft.records())
+    ops = diff_registries(r, draft)
     assert Delete("app", "a") in ops and Put("current", "m", "1") in ops
-    assert apply_ops(before, ops) == draft.records()
     assert r.records() == before  # the draft never touched the registry
+    r.apply_delta(delta_of(ops))
+    assert r.records() == draft.records()
 
 
 def test_apply_snapshot_announces_each_difference_in_dependency_order() -> None:

@@ -505,12 +505,8 @@ class AdminApi:
             batching=batching or BatchingConfig(),
             num_replicas=n,
         )
-        if not self.control.is_same_deploy(mv, set_current=True):
-            if version in self.registry.models.get(name, {}):
-                raise OperationError(
-                    f"model with name '{name}' and version '{version}' already exists"
-                )
-            await self.control.deploy(mv)
+        # A no-op when exactly this is deployed already; "already exists" when another is.
+        await self.control.deploy(mv)
         return json_reply({"model_name": name, "model_version": version, "num_replicas": n})
 
     async def _upload_model(self, query: str, headers: dict[bytes, bytes], body: bytes) -> Reply:

@@ -164,10 +164,6 @@ class LocalManager:
         if not group:
             self._groups.pop(mv.key, None)
 
-    async def stop_model(self, name: str, version: str) -> None:
-        group = self._groups.pop((name, version), [])
-        await asyncio.gather(*(self._stop(p) for p in group))
-
     async def stop_all(self) -> None:
         groups = list(self._groups.values())
         self._groups.clear()

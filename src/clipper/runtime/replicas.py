@@ -91,9 +91,6 @@ class ReplicaDirectory:
         if replica.scheduler is not None:
             replica.scheduler.remove_replica(replica)
 
-    def by_token(self, token: str) -> Replica | None:
-        return self._by_token.get(token)
-
     def process_exited(self, token: str) -> None:
         # The manager saw the process die: no need to wait for the heartbeat timeout.
         replica = self._by_token.get(token)
