@@ -41,12 +41,20 @@ _LAT_RE = re.compile(
 )
 
 
+_DEFAULTS_RE = re.compile(
+    r'^clipper_app_default_outputs_total\{app="bench",reason="([^"]+)"\}\s+(\S+)'
+)
+
+
 def server_latency(port: int) -> dict[str, Any]:
     """The server's latency histogram of app ``bench``: sum, count and cumulative buckets."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
         text = r.read().decode()
-    out: dict[str, Any] = {"sum": 0.0, "count": 0.0, "buckets": {}}
+    out: dict[str, Any] = {"sum": 0.0, "count": 0.0, "buckets": {}, "defaults": {}}
     for line in text.splitlines():
+        d = _DEFAULTS_RE.match(line)
+        if d:
+            out["defaults"][d.group(1)] = float(d.group(2))
         m = _LAT_RE.match(line)
         if m:
             if m.group(1) == "bucket":
@@ -60,7 +68,12 @@ def server_view(before: dict[str, Any], after: dict[str, Any]) -> dict[str, floa
     n = after["count"] - before["count"]
     mean = (after["sum"] - before["sum"]) / n if n else float("nan")
     p99 = report.server_quantile_ms(before["buckets"], after["buckets"], 0.99)
-    return {"mean_ms": mean * 1e3, "p99_bucket_ms": p99, "count": n}
+    reasons = {
+        k: v - before["defaults"].get(k, 0.0)
+        for k, v in after["defaults"].items()
+        if v > before["defaults"].get(k, 0.0)
+    }
+    return {"mean_ms": mean * 1e3, "p99_bucket_ms": p99, "count": n, "defaults": reasons}
 
 
 def serve_args(qp: int, rp: int, controller: str, wait_ms: float, *extra: str) -> list[str]:
