@@ -248,7 +248,7 @@ OVERLOAD = Choice(
     },
 )
 
-ManagerScheme = Literal["local", "external"]
+ManagerScheme = Literal["local", "external", "k8s"]
 MANAGERS = Choice(
     "container manager",
     ManagerScheme,
@@ -260,6 +260,11 @@ MANAGERS = Choice(
         "external": Option(
             "external:// - replicas are started by someone else and dial in to the RPC port",
             "clipper.managers.base:build_external",
+        ),
+        "k8s": Option(
+            "k8s://NAMESPACE?image=... - one Kubernetes Deployment per model version "
+            "(docs/scale-out.md)",
+            "clipper.managers.base:build_kubernetes",
         ),
     },
 )

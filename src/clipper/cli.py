@@ -17,6 +17,7 @@ from clipper.choices import Choice
 from clipper.commands import add_commands, run_command
 from clipper.config import SAME, FrontendConfig
 from clipper.errors import ClipperError
+from clipper.kube.render import add_render_command, render_command
 
 __all__ = ["add_config_options", "config_from_args", "main"]
 
@@ -49,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     add_commands(sub, _env)
+    add_render_command(sub)
     return p
 
 
@@ -180,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "start":
             return _start(args)
+        if args.command == "k8s":
+            return render_command(args)
         return run_command(args)
     except KeyboardInterrupt:
         # Ctrl-C: no traceback. A change the server was already making goes on there (see

@@ -145,6 +145,7 @@ class Clipper:
                 nice=config.container_nice,
                 log_max_bytes=config.replica_log_bytes,
                 rpc_keys=rpc_keys,
+                node_id=lambda: self.control.node_id,
             ),
         )
         self.reconciler = Reconciler(

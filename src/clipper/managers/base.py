@@ -109,6 +109,8 @@ class ManagerContext:
     log_max_bytes: int = 10 * 2**20
     # The CURVE key directory containers are given (--rpc-keys); None: the port is open.
     rpc_keys: Path | None = None
+    # This frontend's node id (known once it has started): names what it owns on an engine.
+    node_id: Callable[[], str] = lambda: ""
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
@@ -135,6 +137,21 @@ def build_external(rest: str, ctx: ManagerContext) -> ContainerManager:
     if rest:
         raise ConfigError(f"'external://' takes nothing after it, got 'external://{rest}'")
     return ExternalManager()
+
+
+def build_kubernetes(rest: str, ctx: ManagerContext) -> ContainerManager:
+    from clipper.managers.kubernetes import KubernetesManager, parse_url
+
+    settings, conn = parse_url(rest)
+    return KubernetesManager(
+        settings,
+        conn,
+        node_id=ctx.node_id,
+        rpc_host=ctx.rpc_host,
+        rpc_keys=ctx.rpc_keys,
+        heartbeat_interval_s=ctx.heartbeat_interval_s,
+        drain=ctx.drain,
+    )
 
 
 def open_manager(url: str, ctx: ManagerContext) -> ContainerManager:

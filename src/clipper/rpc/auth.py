@@ -152,9 +152,16 @@ def ensure_keys(directory: Path) -> ServerKeys:
     _require_curve()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if stat.S_IMODE(directory.stat().st_mode) & (stat.S_IRWXG | stat.S_IRWXO):
-        os.chmod(directory, 0o700)  # ours: keep the secrets' names private too
+        # Ours: keep the secrets' names private too. A read-only mount of keys made elsewhere
+        # (a Kubernetes Secret) cannot be changed, and its files are checked one by one.
+        with contextlib.suppress(OSError):
+            os.chmod(directory, 0o700)
     public, secret = _keypair(directory, SERVER)
-    client_public, _ = _keypair(directory, CLIENT)
+    if (directory / f"{CLIENT}.key").exists() and not (directory / f"{CLIENT}.key_secret").exists():
+        # Only the replicas' public key was given (their secret one stays with them).
+        client_public, _ = _read_cert(directory / f"{CLIENT}.key", secret=False)
+    else:
+        client_public, _ = _keypair(directory, CLIENT)
     return ServerKeys(directory, public, secret, frozenset({client_public}))
 
 

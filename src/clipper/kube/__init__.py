@@ -1,0 +1,2 @@
+"""Kubernetes: the manifests ``clipper k8s render`` writes and the replica Deployments the
+``k8s://`` container manager creates."""

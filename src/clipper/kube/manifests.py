@@ -1,0 +1,430 @@
+"""Kubernetes objects for a clipper-serve deployment, as plain dicts (JSON/YAML ready).
+
+Two kinds of object come from here:
+
+* what ``clipper k8s render`` writes once, for ``kubectl apply``: the frontends (a StatefulSet,
+  so each has a stable name, node id and DNS name that its replicas dial), their Services, the
+  RBAC that lets a frontend manage its replicas' Deployments, the frontends' configuration
+  (a ConfigMap of ``CLIPPER_*`` settings) and the RPC keys (two Secrets: the frontends' and the
+  replicas');
+* what the :class:`~clipper.managers.kubernetes.KubernetesManager` creates at run time: one
+  Deployment per model version per frontend, whose pods run ``python -m clipper.container``
+  with the artifact fetched from their frontend, a readiness probe on the container's
+  ``/ready``, the replica key mounted from its Secret, and the frontend's resources settings.
+
+Names follow DNS-1123 (lowercase, digits, '-', at most 63 characters): a model or version
+name that does not fit is shortened and suffixed with a hash of the exact names, which are
+kept in annotations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from clipper.errors import ConfigError
+
+__all__ = [
+    "CLIENT_KEYS_SECRET",
+    "CONTAINER_READY_PORT",
+    "LABEL_FRONTEND",
+    "LABEL_MODEL",
+    "LABEL_VERSION",
+    "MANAGED_BY",
+    "SERVER_KEYS_SECRET",
+    "KubeSettings",
+    "ReplicaSpec",
+    "dns_label",
+    "frontend_objects",
+    "replica_deployment",
+    "replica_deployment_name",
+]
+
+MANAGED_BY = "clipper-serve"
+LABEL_FRONTEND = "clipper-serve/frontend"
+LABEL_MODEL = "clipper-serve/model"
+LABEL_VERSION = "clipper-serve/version"
+LABEL_SET = "clipper-serve/replica-set"
+ANNOTATION_MODEL = "clipper-serve/model-name"
+ANNOTATION_VERSION = "clipper-serve/model-version"
+SERVER_KEYS_SECRET = "clipper-rpc-server-keys"
+CLIENT_KEYS_SECRET = "clipper-rpc-client-keys"
+KEYS_MOUNT = "/etc/clipper/rpc-keys"
+STATE_MOUNT = "/var/lib/clipper"
+CONTAINER_READY_PORT = 9100
+# Owner read only: the RPC key loaders refuse secret files readable by others.
+SECRET_MODE = 0o400
+
+_NOT_DNS = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_label(*parts: str, limit: int = 63) -> str:
+    """``parts`` joined into a DNS-1123 label; shortened with a hash suffix when needed."""
+    raw = "-".join(parts)
+    label = _NOT_DNS.sub("-", raw.lower()).strip("-")
+    if label == raw and len(label) <= limit:
+        return label
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+    return f"{label[: limit - 9].rstrip('-')}-{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSettings:
+    """The knobs of a deployment: ``clipper k8s render`` flags and ``k8s://`` URL parameters."""
+
+    namespace: str = "clipper"
+    # An image with Python, clipper-serve and the model frameworks (docs/scale-out.md).
+    image: str = "clipper-serve:latest"
+    frontends: int = 1
+    # Shared config store; required by more than one frontend (each would have its own SQLite).
+    store: str | None = None
+    query_port: int = 1337
+    admin_port: int = 1338
+    rpc_port: int = 7000
+    grpc_port: int = 8001
+    state_size: str = "1Gi"
+    # Each replica pod's resources (requests = limits for cpu and memory; GPUs are whole).
+    replica_cpu: str = "1"
+    replica_memory: str = "1Gi"
+    replica_gpus: int = 0
+    drain_timeout_s: float = 20.0
+    image_pull_policy: str = "IfNotPresent"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if dns_label(self.namespace) != self.namespace:
+            raise ConfigError(f"namespace {self.namespace!r} is not a DNS-1123 label")
+        if self.frontends < 1:
+            raise ConfigError(f"frontends must be >= 1, got {self.frontends}")
+        if self.frontends > 1 and not self.store:
+            raise ConfigError(
+                f"{self.frontends} frontends need a shared store (--store redis://...): "
+                "each would otherwise keep its own SQLite configuration"
+            )
+        if self.replica_gpus < 0:
+            raise ConfigError(f"replica GPUs must be >= 0, got {self.replica_gpus}")
+
+    @property
+    def frontend_service(self) -> str:
+        """The headless Service that gives each frontend pod its DNS name."""
+        return "clipper-frontend"
+
+    def frontend_host(self, pod: str) -> str:
+        """The DNS name of frontend pod ``pod``: what its replicas dial."""
+        return f"{pod}.{self.frontend_service}.{self.namespace}.svc.cluster.local"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """One model version's replica Deployment, as a frontend asks for it."""
+
+    frontend: str  # the frontend's node id (its pod name in the StatefulSet)
+    frontend_host: str  # what the replicas dial
+    model: str
+    version: str
+    input_type: str
+    replicas: int
+    heartbeat_interval_s: float = 1.0
+    # The frontend checks CURVE keys (the default): mount the replica key Secret.
+    auth: bool = True
+
+
+def _labels(frontend: str, model: str, version: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "clipper-replica",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_FRONTEND: dns_label(frontend),
+        LABEL_MODEL: dns_label(model),
+        LABEL_VERSION: dns_label(version),
+    }
+
+
+def replica_deployment_name(frontend: str, model: str, version: str) -> str:
+    """Stable per (frontend, model, version): a restarted frontend finds its Deployments."""
+    return dns_label("clipper", frontend, model, version, limit=53)
+
+
+def _resources(s: KubeSettings) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": s.replica_cpu, "memory": s.replica_memory}
+    limits = dict(amounts)
+    if s.replica_gpus:
+        limits["nvidia.com/gpu"] = s.replica_gpus
+    return {"requests": amounts, "limits": limits}
+
+
+def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
+    """The Deployment that runs ``r.replicas`` containers of one model version for one
+    frontend. A pod dials its frontend over ZeroMQ with the replica key, fetches the artifact
+    from it (checksummed, cached in an emptyDir), and on SIGTERM — a scale-down or a delete —
+    answers the batches it holds, tells the frontend it leaves and exits (the drain)."""
+    name = replica_deployment_name(r.frontend, r.model, r.version)
+    labels = _labels(r.frontend, r.model, r.version) | {LABEL_SET: name}
+    args = [
+        "-m", "clipper.container",
+        "--fetch-artifact",
+        "--cache-dir", "/var/cache/clipper",
+        "--name", r.model,
+        "--version", r.version,
+        "--input-type", r.input_type,
+        "--ip", r.frontend_host,
+        "--port", str(s.rpc_port),
+        *(("--rpc-keys", KEYS_MOUNT) if r.auth else ()),
+        "--replica-token", "$(POD_NAME)",
+        "--heartbeat-interval", str(r.heartbeat_interval_s),
+        "--ready-port", str(CONTAINER_READY_PORT),
+        "--drain-timeout", str(s.drain_timeout_s),
+    ]  # fmt: skip
+    container: dict[str, Any] = {
+        "name": "model",
+        "image": s.image,
+        "imagePullPolicy": s.image_pull_policy,
+        "command": ["python"],
+        "args": args,
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            *({"name": k, "value": v} for k, v in sorted(s.extra_env.items())),
+        ],
+        "ports": [{"name": "ready", "containerPort": CONTAINER_READY_PORT}],
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", "port": "ready"},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/live", "port": "ready"},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+        },
+        "resources": _resources(s),
+        "volumeMounts": [
+            *([{"name": "rpc-keys", "mountPath": KEYS_MOUNT, "readOnly": True}] if r.auth else []),
+            {"name": "artifacts", "mountPath": "/var/cache/clipper"},
+        ],
+    }
+    keys_volume = {
+        "name": "rpc-keys",
+        "secret": {"secretName": CLIENT_KEYS_SECRET, "defaultMode": SECRET_MODE},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": s.namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_MODEL: r.model, ANNOTATION_VERSION: r.version},
+        },
+        "spec": {
+            "replicas": r.replicas,
+            "selector": {"matchLabels": {LABEL_SET: name}},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {ANNOTATION_MODEL: r.model, ANNOTATION_VERSION: r.version},
+                },
+                "spec": {
+                    # SIGTERM starts the drain; this is how long it may take before SIGKILL.
+                    "terminationGracePeriodSeconds": int(s.drain_timeout_s) + 10,
+                    "containers": [container],
+                    "volumes": [
+                        *([keys_volume] if r.auth else []),
+                        {"name": "artifacts", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def key_secrets(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, Any]]:
+    """The RPC keys (file name -> certificate text) as two Secrets: the frontends' (their
+    secret key and the replicas' public key) and the replicas' (the frontends' public key and
+    their own secret key), so a replica pod never holds the frontend's secret."""
+    server = ("server.key", "server.key_secret", "client.key")
+    client = ("server.key", "client.key_secret")
+    missing = sorted(set(server + client) - keys.keys())
+    if missing:
+        raise ConfigError(f"RPC key files missing: {', '.join(missing)}")
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": s.namespace, "labels": _app("keys")},
+            "type": "Opaque",
+            "stringData": {f: keys[f] for f in files},
+        }
+        for name, files in ((SERVER_KEYS_SECRET, server), (CLIENT_KEYS_SECRET, client))
+    ]
+
+
+def _app(component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "clipper-serve",
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, Any]]:
+    """Everything ``kubectl apply`` needs for the frontends, in apply order."""
+    ns = s.namespace
+    sel = _app("frontend")
+    manager = f"k8s://{ns}?image={s.image}&cpu={s.replica_cpu}&memory={s.replica_memory}"
+    if s.replica_gpus:
+        manager += f"&gpus={s.replica_gpus}"
+    config = {
+        "CLIPPER_HOST": "0.0.0.0",
+        "CLIPPER_RPC_HOST": "0.0.0.0",
+        "CLIPPER_QUERY_PORT": str(s.query_port),
+        "CLIPPER_ADMIN_PORT": str(s.admin_port),
+        "CLIPPER_RPC_PORT": str(s.rpc_port),
+        "CLIPPER_GRPC_PORT": str(s.grpc_port),
+        "CLIPPER_STATE_DIR": STATE_MOUNT,
+        "CLIPPER_RPC_KEYS_DIR": KEYS_MOUNT,
+        "CLIPPER_MANAGER": manager,
+    } | ({"CLIPPER_STORE": s.store} if s.store else {})
+    rules = [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments", "deployments/scale"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+        },
+        # patch: a scale-down marks the pods it drained as the first to delete.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
+    ]
+    meta = {"namespace": ns, "labels": sel}
+    container = {
+        "name": "frontend",
+        "image": s.image,
+        "imagePullPolicy": s.image_pull_policy,
+        "command": ["clipper", "start"],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            # Its id in the store (which unfinished changes are its own) and the name its
+            # replicas dial: both follow the pod, stable across restarts in a StatefulSet.
+            {"name": "CLIPPER_NODE_ID", "value": "$(POD_NAME)"},
+            {
+                "name": "CLIPPER_ADVERTISE_HOST",
+                "value": s.frontend_host("$(POD_NAME)"),
+            },
+        ],
+        "envFrom": [{"configMapRef": {"name": "clipper-config"}}],
+        "ports": [
+            {"name": "query", "containerPort": s.query_port},
+            {"name": "admin", "containerPort": s.admin_port},
+            {"name": "rpc", "containerPort": s.rpc_port},
+            {"name": "grpc", "containerPort": s.grpc_port},
+        ],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "query"}, "periodSeconds": 2},
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "query"},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+        },
+        "volumeMounts": [
+            {"name": "state", "mountPath": STATE_MOUNT},
+            {"name": "rpc-keys", "mountPath": KEYS_MOUNT, "readOnly": True},
+        ],
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "clipper-frontend"} | meta,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "clipper-frontend"} | meta,
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "clipper-frontend"} | meta,
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "clipper-frontend",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "clipper-frontend", "namespace": ns}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "clipper-config"} | meta,
+            "data": config,
+        },
+        *key_secrets(s, keys),
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": s.frontend_service} | meta,
+            "spec": {
+                "clusterIP": "None",  # headless: one DNS name per frontend pod
+                "publishNotReadyAddresses": True,  # replicas must reach a starting frontend
+                "selector": sel,
+                "ports": [{"name": "rpc", "port": s.rpc_port, "targetPort": "rpc"}],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "clipper-query"} | meta,
+            "spec": {
+                "selector": sel,
+                "ports": [
+                    {"name": "query", "port": s.query_port, "targetPort": "query"},
+                    {"name": "grpc", "port": s.grpc_port, "targetPort": "grpc"},
+                ],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "clipper-admin"} | meta,
+            "spec": {
+                "selector": sel,
+                "ports": [{"name": "admin", "port": s.admin_port, "targetPort": "admin"}],
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "clipper-frontend"} | meta,
+            "spec": {
+                "serviceName": s.frontend_service,
+                "replicas": s.frontends,
+                "selector": {"matchLabels": sel},
+                "template": {
+                    "metadata": {"labels": sel},
+                    "spec": {
+                        "serviceAccountName": "clipper-frontend",
+                        "terminationGracePeriodSeconds": 30,
+                        "containers": [container],
+                        "volumes": [
+                            {
+                                "name": "rpc-keys",
+                                "secret": {
+                                    "secretName": SERVER_KEYS_SECRET,
+                                    "defaultMode": SECRET_MODE,
+                                },
+                            }
+                        ],
+                    },
+                },
+                "volumeClaimTemplates": [
+                    {
+                        "metadata": {"name": "state"},
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": s.state_size}},
+                        },
+                    }
+                ],
+            },
+        },
+    ]

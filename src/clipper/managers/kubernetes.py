@@ -1,0 +1,413 @@
+"""The Kubernetes container manager (``--manager k8s://NAMESPACE?...``): one Deployment per
+model version per frontend, created, scaled and deleted through the API server.
+
+The frontend owns its Deployments (named from its node id, the model and the version, so a
+restarted frontend finds and adopts them); their pods dial the frontend back over ZeroMQ with
+the replica key, and fetch their artifact from it. A scale-down first drains the pods that are
+to go — no new batches, in-flight ones answered — and marks them with the lowest
+``controller.kubernetes.io/pod-deletion-cost``, so the ReplicaSet removes exactly those.
+
+The official ``kubernetes`` client blocks: every call runs in a worker thread, never on the
+event loop. Pods are listed by an owned poller every ``poll_s`` for ``clipper status``.
+
+URL parameters: ``image``, ``cpu``, ``memory``, ``gpus``, ``drain_timeout``, ``pull_policy``;
+``api=URL`` talks to that API server without credentials (``kubectl proxy``, an emulator);
+``context=NAME`` picks a kubeconfig context; otherwise the in-cluster service account is used
+when there is one, else the default kubeconfig.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+from clipper.errors import ConfigError, ReplicaError
+from clipper.kube.manifests import (
+    CLIENT_KEYS_SECRET,
+    LABEL_FRONTEND,
+    MANAGED_BY,
+    KubeSettings,
+    ReplicaSpec,
+    dns_label,
+    replica_deployment,
+    replica_deployment_name,
+)
+from clipper.registry import ModelVersion
+
+__all__ = ["KubernetesManager", "PodReplica", "parse_url"]
+
+log = logging.getLogger("clipper.manager.k8s")
+
+_SPEC_HASH = "clipper-serve/spec-hash"
+_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+_PARAMS = {"image", "cpu", "memory", "gpus", "drain_timeout", "pull_policy", "api", "context"}
+
+
+@dataclass(frozen=True, slots=True)
+class PodReplica:
+    """A replica pod as the last listing saw it."""
+
+    model: str
+    version: str
+    slot: int
+    token: str  # the pod's name: what the container presents (--replica-token)
+    restarts: int
+    last_exit: int | None
+    state: str
+    location: str
+    pid: int | None = None
+
+    def log_tail(self, lines: int = 20) -> str:
+        return f"(in the cluster: kubectl logs {self.token} --tail {lines})"
+
+
+def parse_url(rest: str) -> tuple[KubeSettings, dict[str, str]]:
+    """``NAMESPACE?key=value&...`` -> the replica settings and the connection options."""
+    parts = urlsplit(f"k8s://{rest}")
+    namespace = parts.netloc or "clipper"
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(query) - _PARAMS)
+    if unknown:
+        raise ConfigError(
+            f"unknown k8s:// parameter(s) {', '.join(unknown)}; expected some of "
+            f"{', '.join(sorted(_PARAMS))}"
+        )
+    q = {k: v[-1] for k, v in query.items()}
+    try:
+        gpus = int(q.get("gpus", "0"))
+        drain = float(q.get("drain_timeout", "20"))
+    except ValueError as e:
+        raise ConfigError(f"k8s://{rest}: {e}") from None
+    defaults = KubeSettings()
+    settings = KubeSettings(
+        namespace=namespace,
+        image=q.get("image", defaults.image),
+        replica_cpu=q.get("cpu", defaults.replica_cpu),
+        replica_memory=q.get("memory", defaults.replica_memory),
+        replica_gpus=gpus,
+        drain_timeout_s=drain,
+        image_pull_policy=q.get("pull_policy", defaults.image_pull_policy),
+    )
+    conn: dict[str, str] = {k: q[k] for k in ("api", "context") if k in q}
+    return settings, conn
+
+
+def _api_client(conn: dict[str, str]) -> Any:
+    try:
+        from kubernetes import client, config  # an optional extra
+    except ImportError:
+        raise ConfigError(
+            "the k8s:// manager needs the kubernetes client: "
+            "pip install 'clipper-serve[kubernetes]'"
+        ) from None
+    if "api" in conn:
+        cfg = client.Configuration()
+        cfg.host = conn["api"]
+        return client.ApiClient(cfg)
+    try:
+        if "context" not in conn:
+            with contextlib.suppress(config.ConfigException):
+                config.load_incluster_config()
+                return client.ApiClient()
+        config.load_kube_config(context=conn.get("context"))
+    except config.ConfigException as e:
+        raise ConfigError(f"k8s:// cannot find the cluster: {e}") from None
+    return client.ApiClient()
+
+
+class KubernetesManager:
+    def __init__(
+        self,
+        settings: KubeSettings,
+        conn: dict[str, str],
+        *,
+        node_id: Callable[[], str],
+        rpc_host: Callable[[], str],
+        rpc_keys: Path | None,
+        heartbeat_interval_s: float,
+        drain: Callable[[str], Awaitable[None]] | None,
+        poll_s: float = 2.0,
+    ) -> None:
+        self.settings = settings
+        self._conn = conn
+        self._node_id = node_id
+        self._rpc_host = rpc_host
+        self._rpc_keys = rpc_keys
+        self._heartbeat = heartbeat_interval_s
+        self._drain = drain
+        self._poll_s = poll_s
+        self._api: Any = None
+        self._apps: Any = None
+        self._core: Any = None
+        self._pods: list[PodReplica] = []
+        self._poller: asyncio.Task[None] | None = None
+        self._secret_ready = False
+        self._lock = asyncio.Lock()  # one API conversation at a time: counts stay consistent
+
+    # -- the API, off the loop -----------------------------------------------------------------
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    def _connect(self) -> None:
+        if self._api is None:
+            from kubernetes import client
+
+            self._api = _api_client(self._conn)
+            self._apps = client.AppsV1Api(self._api)
+            self._core = client.CoreV1Api(self._api)
+
+    async def _read(self, fn: Callable[..., Any], *args: Any) -> Any | None:
+        """The object, or None when the API server says 404."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return await self._call(fn, *args, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise ReplicaError(f"the Kubernetes API refused a read: {e.status} {e.reason}") from e
+
+    @property
+    def _frontend(self) -> str:
+        return self._node_id() or "frontend"
+
+    def _selector(self) -> str:
+        frontend = dns_label(self._frontend)
+        return f"app.kubernetes.io/managed-by={MANAGED_BY},{LABEL_FRONTEND}={frontend}"
+
+    # -- ContainerManager ----------------------------------------------------------------------
+    async def ensure(self, mv: ModelVersion, replicas: int) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        async with self._lock:
+            self._connect()
+            self._start_poller()
+            ns = self.settings.namespace
+            name = replica_deployment_name(self._frontend, mv.name, mv.version)
+            try:
+                raw = await self._read(self._apps.read_namespaced_deployment, name, ns)
+                current = orjson.loads(raw.data) if raw is not None else None
+                if replicas == 0:
+                    if current is not None:
+                        await self._drain_pods(mv, len(self._pods_of(mv)))
+                        await self._call(self._apps.delete_namespaced_deployment, name, ns)
+                    return
+                await self._ensure_secret()
+                body = replica_deployment(self.settings, self._spec(mv, replicas))
+                digest = _spec_hash(body)
+                body["metadata"]["annotations"][_SPEC_HASH] = digest
+                if current is None:
+                    await self._call(self._apps.create_namespaced_deployment, ns, body)
+                    log.info("created Deployment %s/%s (%d replicas)", ns, name, replicas)
+                    return
+                have = int(current.get("spec", {}).get("replicas") or 0)
+                if replicas < have:
+                    await self._drain_pods(mv, have - replicas)
+                if current["metadata"].get("annotations", {}).get(_SPEC_HASH) != digest:
+                    await self._call(self._apps.patch_namespaced_deployment, name, ns, body)
+                elif replicas != have:
+                    await self._call(
+                        self._apps.patch_namespaced_deployment_scale,
+                        name,
+                        ns,
+                        {"spec": {"replicas": replicas}},
+                    )
+                log.info("Deployment %s/%s: %d -> %d replicas", ns, name, have, replicas)
+            except ApiException as e:
+                raise ReplicaError(
+                    f"the Kubernetes API refused a change to Deployment {ns}/{name}: "
+                    f"{e.status} {e.reason}"
+                ) from e
+
+    def _spec(self, mv: ModelVersion, replicas: int) -> ReplicaSpec:
+        return ReplicaSpec(
+            frontend=self._frontend,
+            frontend_host=self._rpc_host(),
+            model=mv.name,
+            version=mv.version,
+            input_type=mv.input_type.readable,
+            replicas=replicas,
+            heartbeat_interval_s=self._heartbeat,
+            auth=self._rpc_keys is not None,
+        )
+
+    def _pods_of(self, mv: ModelVersion) -> list[PodReplica]:
+        return [p for p in self._pods if p.model == mv.name and p.version == mv.version]
+
+    async def _drain_pods(self, mv: ModelVersion, count: int) -> None:
+        """Drain ``count`` pods of ``mv`` (the not-ready ones first, then the newest) and mark
+        them as the ReplicaSet's first choice to delete."""
+        await self._refresh()
+        pods = sorted(self._pods_of(mv), key=lambda p: (p.state == "running", -p.slot))
+        for pod in pods[:count]:
+            if self._drain is not None:
+                with contextlib.suppress(Exception):
+                    await self._drain(pod.token)
+            with contextlib.suppress(Exception):
+                await self._call(
+                    self._core.patch_namespaced_pod,
+                    pod.token,
+                    self.settings.namespace,
+                    {"metadata": {"annotations": {_DELETION_COST: "-1000"}}},
+                )
+
+    async def _ensure_secret(self) -> None:
+        """The replicas' key Secret (server public key, client secret key), made from this
+        frontend's key directory when it does not exist (``clipper k8s render`` makes it too)."""
+        if self._secret_ready or self._rpc_keys is None:
+            return
+        ns = self.settings.namespace
+        if await self._read(self._core.read_namespaced_secret, CLIENT_KEYS_SECRET, ns) is None:
+            files = ("server.key", "client.key_secret")
+            data = {f: (self._rpc_keys / f).read_text() for f in files}
+            await self._call(
+                self._core.create_namespaced_secret,
+                ns,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": CLIENT_KEYS_SECRET, "namespace": ns},
+                    "type": "Opaque",
+                    "stringData": data,
+                },
+            )
+        self._secret_ready = True
+
+    async def stop_all(self) -> None:
+        """A frontend that stops takes its replicas with it (a crash leaves them for the
+        restarted frontend, which adopts them by name)."""
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+        if self._api is None:
+            return
+        async with self._lock:
+            ns = self.settings.namespace
+            try:
+                for name in await self._own_deployments():
+                    await self._call(self._apps.delete_namespaced_deployment, name, ns)
+            except Exception as e:  # the frontend stops anyway; say what it left behind
+                log.warning("could not delete this frontend's Deployments in %s: %s", ns, e)
+            await self._call(self._api.close)
+            self._api = None
+
+    async def _own_deployments(self) -> list[str]:
+        raw = await self._call(
+            self._apps.list_namespaced_deployment,
+            self.settings.namespace,
+            label_selector=self._selector(),
+            _preload_content=False,
+        )
+        return [
+            d["metadata"]["name"]
+            for d in orjson.loads(raw.data).get("items", [])
+            if self._owns(d["metadata"])
+        ]
+
+    def _owns(self, meta: dict[str, Any]) -> bool:
+        # The API server filters by the selector already; this guards against one that does not.
+        labels = meta.get("labels") or {}
+        return bool(
+            labels.get("app.kubernetes.io/managed-by") == MANAGED_BY
+            and labels.get(LABEL_FRONTEND) == dns_label(self._frontend)
+        )
+
+    def replicas(self, name: str, version: str) -> Sequence[PodReplica]:
+        return [p for p in self._pods if p.model == name and p.version == version]
+
+    def all_replicas(self) -> Sequence[PodReplica]:
+        return list(self._pods)
+
+    def logs(self, max_bytes: int) -> list[tuple[str, str]]:
+        return []  # the pods' logs are the cluster's: kubectl logs
+
+    async def forget(self, name: str, version: str) -> None:
+        await asyncio.sleep(0)  # its Deployment went with ensure(..., 0); nothing kept here
+
+    # -- the pod listing -----------------------------------------------------------------------
+    def _start_poller(self) -> None:
+        if self._poller is None:
+            self._poller = asyncio.create_task(self._poll(), name="clipper-k8s-pods")
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                await self._refresh()
+            except Exception as e:  # an API outage: keep the last listing, say so, retry
+                log.warning("listing replica pods failed: %s", e)
+            await asyncio.sleep(self._poll_s)
+
+    async def _refresh(self) -> None:
+        raw = await self._call(
+            self._core.list_namespaced_pod,
+            self.settings.namespace,
+            label_selector=self._selector(),
+            _preload_content=False,
+        )
+        items = orjson.loads(raw.data).get("items", [])
+        self._pods = pods_as_replicas([p for p in items if self._owns(p["metadata"])])
+
+
+def pods_as_replicas(items: list[dict[str, Any]]) -> list[PodReplica]:
+    """Pods (API JSON) as replica slots, numbered per model version by creation order."""
+    out: list[PodReplica] = []
+    slots: dict[tuple[str, str], int] = {}
+
+    def created(p: dict[str, Any]) -> tuple[str, str]:
+        return p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]
+
+    for pod in sorted(items, key=created):
+        meta = pod["metadata"]
+        ann = meta.get("annotations") or {}
+        model = ann.get("clipper-serve/model-name", "")
+        version = ann.get("clipper-serve/model-version", "")
+        slot = slots.get((model, version), 0)
+        slots[(model, version)] = slot + 1
+        status = pod.get("status") or {}
+        cstatus = (status.get("containerStatuses") or [{}])[0]
+        restarts = int(cstatus.get("restartCount") or 0)
+        terminated = (cstatus.get("lastState") or {}).get("terminated") or {}
+        last_exit = terminated.get("exitCode")
+        out.append(
+            PodReplica(
+                model=model,
+                version=version,
+                slot=slot,
+                token=meta["name"],
+                restarts=restarts,
+                last_exit=int(last_exit) if last_exit is not None else None,
+                state=_pod_state(meta, status, cstatus, restarts),
+                location=(pod.get("spec") or {}).get("nodeName") or "unscheduled",
+            )
+        )
+    return out
+
+
+def _pod_state(
+    meta: dict[str, Any], status: dict[str, Any], cstatus: dict[str, Any], restarts: int
+) -> str:
+    if meta.get("deletionTimestamp"):
+        return "stopping"
+    if status.get("phase") == "Running" and cstatus.get("ready"):
+        return "running"
+    if restarts and "waiting" in (cstatus.get("state") or {}):
+        return "restarting"
+    return "starting"
+
+
+def _spec_hash(body: dict[str, Any]) -> str:
+    """What the Deployment should look like, apart from its replica count."""
+    spec = dict(body["spec"])
+    spec.pop("replicas", None)
+    return hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
