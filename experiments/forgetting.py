@@ -4,17 +4,18 @@ Three scikit-learn classifiers answer a stream of 3000 digits with feedback afte
 
 * ``knn`` (5-NN) is the best model. From query 1501 on its answer is replaced by a uniformly
   random label with probability 0.6 (its error rises to about 55%).
-* ``tree`` (a depth-4 decision tree) is mediocre all along (about 35% error).
+* ``tree`` (a depth-4 decision tree) is mediocre all along (about 41% error).
 * ``successor`` (logistic regression) answers a wrong label on *every* query before the change,
   as if its input feature were broken, and its own prediction after it (about 6% error): it is
   the worst model before the change and the best one after.
 
 Every learning policy (``exp3``, ``exp4``, ``epsilon_greedy``, ``ucb1``, ``thompson``) answers the
-same stream twice: with its default forgetting (fixed-share for exp3/exp4, discounted statistics
-for the other three) and with forgetting off (``share`` 0 / ``discount`` 1, the stationary rules).
-Feedback is bandit feedback for the one-model policies (they learn from the model they drew, exp3
-importance-weighted by the probability it was drawn with, as the server does); exp4 learns from
-every model.
+same stream twice: with its default forgetting (a weight floor for exp3, fixed-share for exp4,
+discounted statistics for the other three) and with forgetting off (``floor`` / ``share`` 0,
+``discount`` 1: the stationary rules). The one-model policies run with bandit feedback (the
+default: they learn from the model they drew, exp3 importance-weighted by the probability it was
+drawn with, as the server does) and with full feedback (every model's loss); exp4 always learns
+from every model.
 
 The reference is the best model in hindsight *per window* of 100 queries (the best single model
 of each window, chosen after the fact). Over the last quarter of the stream, each policy with
