@@ -96,8 +96,8 @@ def test_invalid_param_values(name: str, params: dict[str, Any], bad: str) -> No
 
 def test_params_are_recorded_with_defaults_and_strings_parse() -> None:
     p = make_policy("exp3", ABC, eta="0.5")
-    assert p.params == {"eta": 0.5, "gamma": 0.0}
-    assert make_policy("exp4", ABC).params == {"eta": 0.1, "tolerance": 0.1}
+    assert p.params == {"eta": 0.5, "gamma": 0.0, "floor": 0.001, "feedback": "bandit"}
+    assert make_policy("exp4", ABC).params == {"eta": 0.1, "tolerance": 0.1, "share": 0.01}
 
 
 @pytest.mark.parametrize("models", [[], "ab", ["a", "a"], ["a", ""], ["a", 3]])
@@ -131,7 +131,7 @@ def test_combine_without_outputs_of_our_models_is_an_error() -> None:
 
 
 def test_exp3_update_by_hand() -> None:
-    p = Exp3(ABC, eta=0.5, gamma=0.0)
+    p = Exp3(ABC, eta=0.5, gamma=0.0, floor=0)
     s = p.init_state()
     assert p.probabilities(s) == pytest.approx(dict.fromkeys(ABC, 1 / 3), abs=1e-15)
     p.observe(s, {"b": "x"}, "y", const(1.0))
@@ -146,7 +146,7 @@ def test_exp3_update_by_hand() -> None:
 
 
 def test_exp3_second_update_divides_by_the_probability_before_it() -> None:
-    p = Exp3(ABC, eta=0.5)
+    p = Exp3(ABC, eta=0.5, floor=0)
     s = p.init_state()
     p.observe(s, {"b": 0}, 0, const(1.0))
     p_a = 1 / (2 + math.exp(-1.5))
@@ -158,7 +158,7 @@ def test_exp3_second_update_divides_by_the_probability_before_it() -> None:
 
 
 def test_exp3_clips_losses_to_unit_interval() -> None:
-    p = Exp3(ABC, eta=0.5)
+    p = Exp3(ABC, eta=0.5, floor=0)
     s = p.init_state()
     p.observe(s, {"b": 0}, 0, const(7.0))
     assert s["log_w"]["b"] == -1.5
@@ -190,7 +190,7 @@ def test_exp3_gamma_mixes_in_uniform_exploration() -> None:
 
 
 def test_exp3_several_outputs_get_the_full_information_update() -> None:
-    p = Exp3(ABC, eta=0.5)
+    p = Exp3(ABC, eta=0.5, floor=0)
     s = p.init_state()
     losses = {"a": 0.2, "b": 1.0}
     p.observe(s, {"a": "a", "b": "b"}, None, lambda o, _l: losses[o])
@@ -313,7 +313,7 @@ def test_exp4_tolerance_rule() -> None:
 
 
 def test_exp4_observe_updates_each_answered_weight_by_hand() -> None:
-    p = Exp4(ABC, eta=0.1)
+    p = Exp4(ABC, eta=0.1, share=0)
     s = p.init_state()
     losses = {"a": 0.0, "b": 1.0, "c": 0.5}
     p.observe(s, {"a": "a", "b": "b", "c": "c"}, None, lambda o, _l: losses[o])
@@ -329,7 +329,7 @@ def test_exp4_observe_updates_each_answered_weight_by_hand() -> None:
 
 
 def test_exp4_learns_to_trust_the_accurate_model() -> None:
-    p = Exp4(ABC, eta=0.5)
+    p = Exp4(ABC, eta=0.5, share=0)
     s = p.init_state()
     for _ in range(50):
         outputs = {"a": 1, "b": 2, "c": 2}  # b and c are wrong together
@@ -343,7 +343,7 @@ def test_exp4_learns_to_trust_the_accurate_model() -> None:
 
 
 def test_epsilon_greedy_tries_untried_models_first_then_the_best() -> None:
-    p = EpsilonGreedy(ABC, epsilon=0.0)
+    p = EpsilonGreedy(ABC, epsilon=0.0, discount=1)
     s = p.init_state()
     rng = random.Random(0)
     seen = []
@@ -385,7 +385,7 @@ def test_ucb1_plays_each_model_once_first() -> None:
 
 
 def test_ucb1_bonus_by_hand() -> None:
-    p = UCB1(["a", "b"])
+    p = UCB1(["a", "b"], exploration=1)  # the textbook bound
     # a: mean .8 over 10 plays, bonus sqrt(2 ln 12 / 10) = .705 -> 1.505
     # b: mean .5 over 2 plays, bonus sqrt(2 ln 12 / 2) = 1.576 -> 2.076: the bonus wins
     s = {"count": {"a": 10, "b": 2}, "reward_sum": {"a": 8.0, "b": 1.0}, "n": 12}
@@ -399,7 +399,7 @@ def test_ucb1_bonus_by_hand() -> None:
 
 
 def test_ucb1_observe_by_hand() -> None:
-    p = UCB1(ABC)
+    p = UCB1(ABC, discount=1)
     s = p.init_state()
     p.observe(s, {"b": 0}, 0, const(0.25))
     p.observe(s, {"b": 0}, 0, const(3.0))  # clipped to 1 -> reward 0
@@ -412,7 +412,7 @@ def test_ucb1_observe_by_hand() -> None:
 
 
 def test_thompson_posterior_by_hand() -> None:
-    p = Thompson(ABC)
+    p = Thompson(ABC, discount=1)
     s = p.init_state()
     for loss in (0.2, 1.0, 0.0):
         p.observe(s, {"a": 0}, 0, const(loss))

@@ -5,7 +5,9 @@ through the prediction cache and its own batching queue, exactly as for one mode
 deadline (or when all have answered) the policy combines the outputs that arrived: stragglers
 are left out, never waited for, and lower the confidence. Feedback joins the label with the
 models' cached predictions (re-requested when the cache no longer has them) and updates the
-policy's state, per user when a ``uid`` is given.
+policy's state, per user when a ``uid`` is given. Under bandit feedback only the model the
+query drew is joined (and evaluated again, if need be): the draw is recorded per ``(uid,
+input)`` at query time (:class:`~clipper.selection.draws.Draws`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from clipper.inputs import parse_input
 from clipper.registry import Application
 from clipper.selection import SelectionPolicy, UserStates, make_loss, make_policy
 from clipper.selection.base import Loss, State
+from clipper.selection.draws import Draw, Draws
 
 if TYPE_CHECKING:
     from clipper.frontend.query import QueryProcessor
@@ -113,6 +116,7 @@ class SelectionRuntime:
         self.persist = persist
         self.fetch = fetch  # async (app, uid) -> persisted state or None
         self._by_app: dict[str, Selection] = {}
+        self._draws: dict[str, Draws] = {}  # per application, for bandit feedback
         self._tasks: set[asyncio.Task[None]] = set()
 
     def selection(self, app: Application) -> Selection:
@@ -135,6 +139,13 @@ class SelectionRuntime:
 
     def forget(self, app_name: str) -> None:
         self._by_app.pop(app_name, None)
+        self._draws.pop(app_name, None)
+
+    def draws(self, app_name: str) -> Draws:
+        draws = self._draws.get(app_name)
+        if draws is None:
+            draws = self._draws[app_name] = Draws()
+        return draws
 
     async def state_for(self, sel: Selection, uid: str) -> State:
         """The user's state: in memory, else the persisted copy, else a fresh one."""
@@ -159,13 +170,13 @@ class SelectionRuntime:
     ) -> None:
         sel = self.selection(app)
         if uid in sel.states:
-            self._run(sel, sel.states.get(uid), payloads, reply, t0, slo_s)
+            self._run(sel, sel.states.get(uid), payloads, uid, reply, t0, slo_s)
             return
 
         async def load_then_run() -> None:
             try:
                 state = await self.state_for(sel, uid)
-                self._run(sel, state, payloads, reply, t0, slo_s)
+                self._run(sel, state, payloads, uid, reply, t0, slo_s)
             except Exception as e:  # a task: nobody else would answer
                 fail_internal(reply, f"a query of application '{app.name}'", e)
 
@@ -176,6 +187,7 @@ class SelectionRuntime:
         sel: Selection,
         state: State,
         payloads: list[bytes],
+        uid: str,
         reply: Reply,
         t0: float,
         slo_s: float,
@@ -183,6 +195,11 @@ class SelectionRuntime:
         proc = self.proc
         app = sel.app
         chosen = sel.policy.select(state, self.rng)
+        if sel.policy.bandit_feedback:
+            draw = Draw(chosen[0], sel.policy.draw_probability(state, chosen[0]))
+            draws = self.draws(app.name)
+            for payload in payloads:
+                draws.record(uid, payload, draw)
         deadline = t0 + slo_s
         q = EnsembleQuery(
             proc, sel, state, chosen, len(payloads), reply=reply, t0=t0, deadline=deadline
@@ -226,9 +243,16 @@ class SelectionRuntime:
         proc, app = self.proc, sel.app
         try:
             state = await self.state_for(sel, uid)
+            drawn: dict[str, float] | None = None
+            models = sel.models
+            if sel.policy.bandit_feedback:
+                draw = self._draw_of(sel, state, uid, payload)
+                models = (draw.model,)
+                if draw.probability is not None:
+                    drawn = {draw.model: draw.probability}
             outputs: dict[str, Any] = {}
             missing: list[tuple[str, str]] = []
-            for model in sel.models:
+            for model in models:
                 version = proc.registry.current.get(model)
                 if version is None:
                     continue
@@ -247,7 +271,7 @@ class SelectionRuntime:
                     )
                 )
                 return
-            sel.policy.observe(state, outputs, label, sel.loss)
+            sel.policy.observe(state, outputs, label, sel.loss, drawn=drawn)
             sel.states.put(uid, state)
             if self.persist is not None:
                 self.persist(app.name, uid, state)
@@ -258,6 +282,15 @@ class SelectionRuntime:
             reply.fail(FeedbackError(str(e)))
         except Exception as e:  # a task: nobody else would answer
             fail_internal(reply, f"feedback for application '{app.name}'", e)
+
+    def _draw_of(self, sel: Selection, state: State, uid: str, payload: bytes) -> Draw:
+        """The draw of the query this feedback is about; without a record of it (evicted,
+        answered by another frontend, or never asked) a draw made now, as a query would."""
+        draw = self.draws(sel.app.name).take(uid, payload)
+        if draw is not None and draw.model in sel.models:
+            return draw
+        model = sel.policy.select(state, self.rng)[0]
+        return Draw(model, sel.policy.draw_probability(state, model))
 
     async def _ask(
         self, app: Application, payload: bytes, models: list[tuple[str, str]]

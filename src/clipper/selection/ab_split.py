@@ -75,7 +75,15 @@ class ABSplit(SelectionPolicy):
     def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
         return self._combine_one(outputs)
 
-    def observe(self, state: State, outputs: Mapping[str, Any], label: Any, loss: Loss) -> None:
+    def observe(
+        self,
+        state: State,
+        outputs: Mapping[str, Any],
+        label: Any,
+        loss: Loss,
+        *,
+        drawn: Mapping[str, float] | None = None,
+    ) -> None:
         count_feedback(state)
         counts = table(state, "count")
         for m in self._answered(outputs):

@@ -47,6 +47,21 @@ Loss = Callable[[Any, Any], float]
 POLICIES: tuple[str, ...] = _CHOICE.names
 """The policy names (the table with their help is :data:`clipper.choices.POLICIES`)."""
 
+DEFAULT_SHARE = 0.01
+"""The default fixed-share of ``exp4``: forgetting is on, since serving is not stationary (a
+model degrades, another is retrained); ``share`` 0 turns it off."""
+
+DEFAULT_FLOOR = 0.001
+"""The default weight floor of ``exp3`` (forgetting on); ``floor`` 0 turns it off."""
+
+DEFAULT_DISCOUNT = 0.998
+"""The default discount of ``epsilon_greedy``, ``ucb1`` and ``thompson``: their statistics
+follow about the last 500 feedbacks; ``discount`` 1 keeps the whole history."""
+
+FEEDBACK: tuple[str, ...] = ("bandit", "full")
+"""How a one-model policy learns from feedback: from the model the query drew (``bandit``), or
+from every linked model, each evaluated on the input (``full``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Combined:
@@ -99,12 +114,35 @@ class SelectionPolicy(ABC):
         contract: outputs must be a non-empty subset of what :meth:`select` chose)."""
 
     @abstractmethod
-    def observe(self, state: State, outputs: Mapping[str, Any], label: Any, loss: Loss) -> None:
+    def observe(
+        self,
+        state: State,
+        outputs: Mapping[str, Any],
+        label: Any,
+        loss: Loss,
+        *,
+        drawn: Mapping[str, float] | None = None,
+    ) -> None:
         """Learn from one labelled query, mutating ``state`` in place.
 
         ``outputs`` are the outputs of the models that answered; outputs of models not in
         ``models`` are ignored. Every loss is computed before the state is touched, so a loss
-        function that raises (a bad label) leaves the state unchanged."""
+        function that raises (a bad label) leaves the state unchanged.
+
+        ``drawn`` is, for a policy that draws its model at random, the probability with which
+        each model in ``outputs`` was drawn for this query (recorded by the caller at
+        :meth:`select` time, see :meth:`draw_probability`); policies that do not weight by it
+        ignore it."""
+
+    bandit_feedback: bool = False
+    """True when feedback should learn from the one model the query drew, evaluating no other
+    (the policy's ``feedback`` parameter is ``"bandit"``); False when feedback joins the label
+    with every linked model's output (``"full"``, or a policy that evaluates them all)."""
+
+    def draw_probability(self, state: State, model: str) -> float | None:
+        """The probability that :meth:`select` draws ``model`` from ``state``, for policies that
+        importance-weight bandit feedback by it; None for the others."""
+        return None
 
     # --- helpers for subclasses ---------------------------------------------------------------
 
@@ -136,6 +174,24 @@ class SelectionPolicy(ABC):
             )
         self.params[key] = value
         return value
+
+    def _choice(
+        self, params: Mapping[str, Any], key: str, default: str, options: tuple[str, ...]
+    ) -> str:
+        """Read a parameter that is one of ``options``, and record it in ``self.params``."""
+        raw = params.get(key, default)
+        if raw not in options:
+            names = ", ".join(f'"{o}"' for o in options)
+            raise ConfigError(
+                f"selection policy {self.name!r}: parameter {key!r} must be one of {names},"
+                f" got {raw!r}"
+            )
+        self.params[key] = raw
+        return str(raw)
+
+    def _feedback_mode(self, params: Mapping[str, Any]) -> None:
+        """The ``feedback`` parameter of the one-model policies (default ``"bandit"``)."""
+        self.bandit_feedback = self._choice(params, "feedback", "bandit", FEEDBACK) == "bandit"
 
     def _answered(self, outputs: Mapping[str, Any]) -> list[str]:
         """The models of this policy that have an output, in the policy's order."""
@@ -273,6 +329,68 @@ def shift_to_zero(log_w: dict[str, Any], models: Sequence[str]) -> None:
             log_w.setdefault(m, 0.0)  # a missing model's implicit 0 shifts with the rest
         for m, value in list(log_w.items()):
             log_w[m] = float(value) - top
+
+
+def fixed_share(log_w: dict[str, Any], models: Sequence[str], share: float) -> None:
+    """Spread ``share`` of the live models' weight evenly over them again:
+    ``p_i <- (1 - share) * w_i / sum(w) + share / K`` (fixed-share, Herbster and Warmuth), then
+    the best live model is shifted to 0.
+
+    No live model's weight falls below ``share / K`` of the total, so a model that did badly
+    for a long time needs only about ``ln(K / share) / eta`` losses of the leader to take over,
+    not as many as it lost before. The log weights of models no longer linked move with the
+    live models' normaliser (they are not mixed)."""
+    if share > 0.0:
+        live = [float(log_w.get(m, 0.0)) for m in models]
+        top = max(live)
+        if not math.isfinite(top):  # a hand-made state: start the live models level
+            live, top = [0.0] * len(models), 0.0
+        norm = top + math.log(math.fsum(math.exp(x - top) for x in live))
+        for m, value in list(log_w.items()):
+            if m not in models:
+                log_w[m] = float(value) - norm
+        floor = share / len(models)
+        for m, x in zip(models, live, strict=True):
+            log_w[m] = math.log((1.0 - share) * math.exp(x - norm) + floor)
+    shift_to_zero(log_w, models)
+
+
+def weight_floor(log_w: dict[str, Any], models: Sequence[str], floor: float) -> None:
+    """Raise every live model's weight to at least ``floor / K`` of the live total, then shift
+    the best live model to 0.
+
+    Like fixed-share, this bounds how far a model can fall behind (it takes over within about
+    ``ln(K / floor) / eta`` losses of the leader), but it moves no weight to models that are
+    above the floor. That matters under bandit feedback, where a model that is not drawn gets no
+    loss: mixing weight back into it every round would make it drift up until it is drawn (and
+    wrong) often, while a floor leaves it where the losses put it."""
+    if floor > 0.0:
+        live = [float(log_w.get(m, 0.0)) for m in models]
+        top = max(live)
+        if math.isfinite(top):
+            norm = top + math.log(math.fsum(math.exp(x - top) for x in live))
+            low = norm + math.log(floor / len(models))
+            for m, x in zip(models, live, strict=True):
+                if x < low:
+                    log_w[m] = low
+    shift_to_zero(log_w, models)
+
+
+def discount(state: State, key: str, models: Sequence[str], factor: float, rest: float) -> None:
+    """Move each live model's ``state[key][model]`` toward ``rest``:
+    ``v <- rest + factor * (v - rest)`` (a missing entry reads as ``rest`` and stays so).
+
+    Applied to every live model once per feedback, before the new observation is added, an
+    observation ``k`` feedbacks old weighs ``factor ** k``: the statistics follow roughly the
+    last ``1 / (1 - factor)`` feedbacks, so they track a model whose quality changes."""
+    if factor >= 1.0:
+        return
+    t = state.get(key)
+    if not isinstance(t, dict):
+        return
+    for m in models:
+        if m in t:
+            t[m] = rest + factor * (float(t[m]) - rest)
 
 
 def make_policy(name: str, models: Sequence[str], **params: Any) -> SelectionPolicy:

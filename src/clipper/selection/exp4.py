@@ -21,17 +21,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clipper.selection.base import (
+    DEFAULT_SHARE,
     Combined,
     Loss,
     SelectionPolicy,
     State,
     count_feedback,
+    fixed_share,
     is_integer,
     is_number,
     normalised,
     output_key,
     read,
-    shift_to_zero,
     table,
 )
 
@@ -44,19 +45,23 @@ _ROUND_OFF = 1e-12
 
 class Exp4(SelectionPolicy):
     """Exponential weights over an ensemble: on feedback each model that answered gets
-    ``w_i *= exp(-eta * loss_i)``.
+    ``w_i *= exp(-eta * loss_i)``, then ``share`` of the weight is spread evenly over the
+    linked models again (fixed-share: ``w_i <- (1 - share) * w_i / sum(w) + share / K``), so
+    the ensemble follows a model that becomes the best after a long bad run. ``share`` 0 is
+    plain exponential weights (Hedge), which never forgets.
 
     State: ``{"log_w": {model: float}, "n": int}`` (log weights, best live model at 0, a model
     missing from the state starts level with the best).
     """
 
     name = "exp4"
-    accepts = ("eta", "tolerance")
+    accepts = ("eta", "tolerance", "share")
 
     def __init__(self, models: Sequence[str], **params: Any) -> None:
         super().__init__(models, **params)
         self.eta = self._number(params, "eta", 0.1, low=0.0, low_open=True)
         self.tolerance = self._number(params, "tolerance", 0.1, low=0.0)
+        self.share = self._number(params, "share", DEFAULT_SHARE, low=0.0, high=1.0)
 
     def init_state(self) -> State:
         return {"log_w": dict.fromkeys(self.models, 0.0), "n": 0}
@@ -99,7 +104,15 @@ class Exp4(SelectionPolicy):
         best = max(votes, key=lambda k: votes[k])  # max keeps the first of equals
         return Combined(answers[best], _unit(votes[best]), tuple(arrived))
 
-    def observe(self, state: State, outputs: Mapping[str, Any], label: Any, loss: Loss) -> None:
+    def observe(
+        self,
+        state: State,
+        outputs: Mapping[str, Any],
+        label: Any,
+        loss: Loss,
+        *,
+        drawn: Mapping[str, float] | None = None,
+    ) -> None:
         losses = self._losses(outputs, label, loss)
         count_feedback(state)
         if not losses:
@@ -107,7 +120,7 @@ class Exp4(SelectionPolicy):
         log_w = table(state, "log_w")
         for m, value in losses.items():
             log_w[m] = read(state, "log_w", m, 0.0) - self.eta * value
-        shift_to_zero(log_w, self.models)
+        fixed_share(log_w, self.models, self.share)
 
 
 def _unit(x: float) -> float:

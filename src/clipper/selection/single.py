@@ -27,6 +27,14 @@ class SingleModel(SelectionPolicy):
     def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
         return self._combine_one(outputs)
 
-    def observe(self, state: State, outputs: Mapping[str, Any], label: Any, loss: Loss) -> None:
+    def observe(
+        self,
+        state: State,
+        outputs: Mapping[str, Any],
+        label: Any,
+        loss: Loss,
+        *,
+        drawn: Mapping[str, float] | None = None,
+    ) -> None:
         # Nothing to learn; the count only shows that feedback reaches the policy.
         count_feedback(state)
