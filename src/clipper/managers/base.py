@@ -109,6 +109,8 @@ class ManagerContext:
     log_max_bytes: int = 10 * 2**20
     # The CURVE key directory containers are given (--rpc-keys); None: the port is open.
     rpc_keys: Path | None = None
+    # This frontend's id (known once it has started): names what an engine keeps for it.
+    node_id: Callable[[], str] = lambda: ""
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
