@@ -109,6 +109,14 @@ class FrontendConfig:
     query_port: int = field(default=0, metadata=cli("query API port", default=1337))
     rpc_host: str = field(default="127.0.0.1", metadata=cli("container RPC address"))
     rpc_port: int = field(default=0, metadata=cli("container RPC port", default=7000))
+    # What containers are told to dial: differs from rpc_host when they run on other hosts
+    # (rpc_host 0.0.0.0, or behind NAT/DNS). None: rpc_host (127.0.0.1 for 0.0.0.0).
+    advertise_host: str | None = field(
+        default=None,
+        metadata=cli(
+            "address (name or IP) containers dial to reach the RPC port (default: --rpc-host)"
+        ),
+    )
     # Containers prove they were started by this deployment (ZeroMQ CURVE keys, made in
     # rpc_keys_dir on the first start); off only for containers that cannot do CURVE (the
     # original rpc.py), and then the RPC port must stay on loopback.

@@ -25,6 +25,9 @@ module to keep it so). Classes defined beside their only raiser name their modul
     ├── OverloadedError        a query shed because it cannot meet its deadline (queue full/slow)
     ├── DeadlineExceeded       a query's deadline passed before its batch could be sent
     ├── ReplicaError           a replica is gone, or answered with a broken frame
+    ├── ArtifactUnavailable    a container's artifact fetch stopped, or none to fetch
+    │                          [container.fetch]
+    ├── _NoAnswer              the frontend did not answer a fetch in time [container.fetch]
     ├── ProtocolError          an HTTP/2 connection error, answered by GOAWAY [frontend.grpc.native]
     ├── _Abort                 a V2 gRPC method's abort(): a trailers-only error
     │                          [frontend.grpc.native]

@@ -114,6 +114,13 @@ class Metrics:
             registry=r,
         )
 
+        self.artifact_fetches = Counter(
+            "clipper_artifact_fetches",
+            "Model artifacts sent to containers that fetch them (--fetch-artifact)",
+            ["model", "version"],
+            registry=r,
+        )
+
     # -- series of things that are gone --------------------------------------------------------
     # A label set lives until removed: without this, every deleted version, replica and
     # application would stay in /metrics forever (1.4 KB -> 341 KB over 70 deploy cycles).
@@ -126,6 +133,7 @@ class Metrics:
             self.cache_hits,
             self.cache_misses,
             self.model_errors,
+            self.artifact_fetches,
         ):
             _remove(metric, model, version)
         for replica in _label_values(self.replica_latency, "replica", model=model, version=version):

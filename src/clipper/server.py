@@ -41,6 +41,7 @@ from clipper.managers.base import ContainerManager, ManagerContext, open_manager
 from clipper.metrics import Metrics
 from clipper.persistence import StoreSync
 from clipper.registry import Application, ModelVersion, Registry
+from clipper.rpc.artifacts import ArtifactServer
 from clipper.rpc.server import RpcServer
 from clipper.runtime.catalog import Catalog, QueryServices
 from clipper.runtime.control import Control
@@ -129,12 +130,17 @@ class Clipper:
             on_refused=lambda reason: self.metrics.rpc_refused.labels(reason=reason).inc(),
         )
         self.directory.remove = self.rpc.remove
+        self.artifacts = ArtifactServer(
+            artifact_of=self._artifact_of,
+            pack_dir=self.state_dir / "artifact-packs",
+            send=self.rpc.send_to,
+            on_fetch=lambda m, v: self.metrics.artifact_fetches.labels(model=m, version=v).inc(),
+        )
+        self.rpc.artifacts = self.artifacts
         self.manager: ContainerManager = open_manager(
             config.manager,
             ManagerContext(
-                rpc_host=lambda: (
-                    self.config.rpc_host if self.config.rpc_host != "0.0.0.0" else "127.0.0.1"
-                ),
+                rpc_host=self._advertised_host,
                 rpc_port=lambda: self.rpc.port,
                 state_dir=self.state_dir,
                 clock=self.clock,
@@ -233,7 +239,9 @@ class Clipper:
             self.control.node_id = self.config.node_id or self._node_id()
             await self.store.open()
             stack.push_async_callback(self.store.close)
+            await self.artifacts.start()
             await self.rpc.start()
+            stack.push_async_callback(self.artifacts.stop)
             stack.push_async_callback(self.rpc.stop)
             stack.callback(self._close_schedulers)
             await self.sync.start()
@@ -497,6 +505,20 @@ class Clipper:
 
     def _forget_version(self, name: str, version: str) -> None:
         self.processor.forget_version(name, version)
+        self.artifacts.forget(name, version)
+
+    def _advertised_host(self) -> str:
+        """The address containers dial: --advertise-host, else the RPC bind address."""
+        if self.config.advertise_host:
+            return self.config.advertise_host
+        return self.config.rpc_host if self.config.rpc_host not in ("0.0.0.0", "") else "127.0.0.1"
+
+    def _artifact_of(self, name: str, version: str) -> str | None:
+        """A version's artifact path, for the containers that fetch it (artifacts.py)."""
+        try:
+            return self.registry.get_model(name, version).artifact
+        except RegistryError:
+            return None
 
     def _node_id(self) -> str:
         """This frontend's identity in the store's intents: kept in its state directory, so a

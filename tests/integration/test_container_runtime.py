@@ -23,6 +23,8 @@ from clipper.inputs import InputType
 from clipper.rpc import wire
 from clipper.rpc.wire import (
     FAST_TOKEN,
+    ArtifactRequest,
+    Goodbye,
     Heartbeat,
     HeartbeatType,
     NewContainer,
@@ -54,7 +56,9 @@ class MockFrontend:
 
     def recv_decoded(
         self, skip_heartbeats: bool = True, timeout: float = TIMEOUT_S
-    ) -> tuple[bytes, Heartbeat | NewContainer | PredictResponse, list[bytes]]:
+    ) -> tuple[
+        bytes, Heartbeat | NewContainer | PredictResponse | Goodbye | ArtifactRequest, list[bytes]
+    ]:
         deadline = time.monotonic() + timeout
         while True:
             identity, frames = self.recv(max(0.0, deadline - time.monotonic()))
@@ -299,6 +303,9 @@ def test_sigterm_exits_zero(
     proc = start_container(_sum_model)
     frontend.register()  # fully up: signal handlers installed, serving
     proc.send_signal(signal.SIGTERM)
+    identity, msg, _ = frontend.recv_decoded()
+    assert isinstance(msg, Goodbye)  # it tells the frontend it leaves (its drain: see below)
+    frontend.send(identity, wire.encode_heartbeat_reply(HeartbeatType.GOODBYE_ACK))
     assert proc.wait(TIMEOUT_S) == 0
 
 

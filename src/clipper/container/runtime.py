@@ -27,6 +27,13 @@ The worker hands finished responses back through a queue and wakes the main thre
 with a byte on a socketpair. With no message from the frontend for ``activity_timeout`` the
 container drops its socket and reconnects with a new identity (and so re-registers).
 
+Leaving: SIGTERM (or SIGINT) drains. The container stops being ready, tells the frontend it
+leaves (a goodbye message, answered by an acknowledgement after which no batch comes), answers
+the batches it already holds, and exits; ``--drain-timeout`` bounds that. A second signal exits
+at once. Readiness (``--ready-file``, ``--ready-port``) and the log lines about an unreachable
+or refusing frontend are :mod:`clipper.container.presence`; ``--fetch-artifact`` (the model from
+the frontend instead of ``--model-path``) is :mod:`clipper.container.fetch`.
+
 Authentication: a frontend with RPC authentication on (the default) accepts only containers that
 hold its deployment's CURVE keys: ``--rpc-keys DIR`` (or ``CLIPPER_RPC_KEYS``) names a directory
 with ``server.key`` and ``client.key_secret`` (the frontend's ``<state dir>/rpc-keys``, or a copy
@@ -55,6 +62,8 @@ import numpy as np
 import orjson
 import zmq
 
+from clipper.container.fetch import ArtifactUnavailable, default_cache_dir, fetch_artifact
+from clipper.container.presence import ConnectionWatch, Readiness, configure_reconnect
 from clipper.errors import ConfigError, WireError
 from clipper.inputs import InputType
 from clipper.rpc.auth import ClientKeys, apply_client_keys, load_client_keys
@@ -64,6 +73,7 @@ from clipper.rpc.wire import (
     HeartbeatType,
     PredictRequest,
     decode_frontend_message,
+    encode_goodbye,
     encode_heartbeat,
     encode_new_container,
     encode_predict_error_fast,
@@ -170,8 +180,20 @@ class _Server:
         log: logging.LoggerAdapter[logging.Logger],
         token: str = "",
         keys: ClientKeys | None = None,
+        leave_event: threading.Event | None = None,
+        drain_timeout: float = 10.0,
+        readiness: Readiness | None = None,
     ) -> None:
         self.token = token
+        # Set on SIGTERM: drain and exit (stop_event: exit at once).
+        self.leave = leave_event or threading.Event()
+        self.drain_timeout = drain_timeout
+        self.readiness = readiness or Readiness()
+        self.watch: ConnectionWatch | None = None
+        # Batches of this session received and not yet answered (main thread only).
+        self.pending = 0
+        self.leaving = False
+        self.acked = False
         self.keys = keys
         self.model = model
         self.predict = _predict_fn(model)
@@ -267,6 +289,9 @@ class _Server:
         try:
             self.loop(ctx, sock)
         finally:
+            self.readiness.set(False)
+            if self.watch is not None:
+                self.watch.close()
             self.stop.set()
             self.jobs.put(None)
             self.wake_r.close()
@@ -276,8 +301,14 @@ class _Server:
     def connect(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        configure_reconnect(sock)
         if self.keys is not None:
             apply_client_keys(sock, self.keys)
+        if self.watch is not None:
+            self.watch.close()
+        self.watch = ConnectionWatch(
+            sock, self.address, authenticated=self.keys is not None, log=self.log
+        )
         sock.connect(self.address)
         sock.send_multipart(encode_heartbeat())  # ZeroMQ queues it until the frontend is up
         self.log.info("connecting to %s", self.address)
@@ -292,15 +323,39 @@ class _Server:
         poller.register(sock, zmq.POLLIN)
         wake_fd = self.wake_r.fileno()  # zmq.Poller reports plain sockets by fd
         poller.register(wake_fd, zmq.POLLIN)
+        assert self.watch is not None
+        poller.register(self.watch.monitor, zmq.POLLIN)
+        leave_by = 0.0
         while not self.stop.is_set():
             if self.parent_gone():
                 self.log.warning("parent process %s is gone; exiting", self.parent_pid)
                 return
             now = time.monotonic()
+            if self.leave.is_set() and not self.leaving:
+                self.leaving = True
+                leave_by = now + self.drain_timeout
+                self.readiness.set(False)
+                if connected and self.fast:
+                    sock.send_multipart(encode_goodbye())
+                    self.log.info("leaving: told the frontend; draining %d batches", self.pending)
+                else:
+                    self.acked = True  # nothing to tell: not connected, or the original frontend
+            if self.leaving:
+                if self.acked and self.pending == 0:
+                    self.log.info("drained; exiting")
+                    break
+                if now >= leave_by:
+                    self.log.warning(
+                        "drain timeout (%.1f s): exiting with %d batches unanswered",
+                        self.drain_timeout, self.pending,
+                    )  # fmt: skip
+                    break
             wait = min(_MAX_POLL_S, last_rx + self.activity_timeout - now)
             if connected:
                 wait = min(wait, next_hb - now)
             events = dict(poller.poll(max(0, int(wait * 1000))))
+            if self.watch.monitor in events:
+                self.watch.drain()
             if sock in events:
                 # Bounded, so a flood of requests cannot starve heartbeats and responses.
                 for _ in range(256):
@@ -333,12 +388,18 @@ class _Server:
                     ),
                 )
                 poller.unregister(sock)
+                poller.unregister(self.watch.monitor)
                 sock.close(linger=0)
                 self.session += 1
+                self.pending = 0  # that session's batches are dropped
+                self.readiness.set(False)
                 sock = self.connect(ctx)
                 poller.register(sock, zmq.POLLIN)
+                poller.register(self.watch.monitor, zmq.POLLIN)
                 last_rx = now
                 connected = False
+                if self.leaving:
+                    break  # the frontend is gone: nobody waits for our answers
         self.repeats.flush()
         self.log.info("stopping")
         sock.close(linger=0)
@@ -350,7 +411,14 @@ class _Server:
             self.log.warning("dropping a malformed message: %s", e)
             return
         if isinstance(msg, HeartbeatReply):
-            if msg.type == HeartbeatType.REQUEST_CONTAINER_METADATA:
+            if msg.type == HeartbeatType.GOODBYE_ACK:
+                self.acked = True
+            elif self.leaving:
+                pass  # removed as it drained: it must not register again
+            elif msg.type == HeartbeatType.KEEP_ALIVE:
+                self.readiness.set(True)  # known to the frontend: registered
+            elif msg.type == HeartbeatType.REQUEST_CONTAINER_METADATA:
+                self.readiness.set(False)
                 sock.send_multipart(
                     encode_new_container(
                         self.name,
@@ -362,6 +430,9 @@ class _Server:
                 )
                 self.log.info("sent metadata (fast=%s)", self.fast)
             return
+        if not isinstance(msg, PredictRequest):
+            return  # an artifact chunk: for a fetch, never for the serving connection
+        self.pending += 1
         self.jobs.put((self.session, msg))
 
     def flush(self, sock: zmq.Socket[bytes]) -> None:
@@ -376,6 +447,7 @@ class _Server:
             except queue.Empty:
                 return
             if session == self.session:
+                self.pending -= 1
                 sock.send_multipart(frames, copy=False)
 
     def parent_gone(self) -> bool:
@@ -426,11 +498,15 @@ def serve(
     stop_event: threading.Event | None = None,
     token: str = "",
     keys: ClientKeys | None = None,
+    leave_event: threading.Event | None = None,
+    drain_timeout: float = 10.0,
+    readiness: Readiness | None = None,
 ) -> None:
     """Serve ``model`` to the frontend at ``address`` until ``stop_event`` is set (or the
-    parent process is gone). Runs ``model.setup()`` first when it exists. ``keys``: this
-    deployment's CURVE keys (:func:`clipper.rpc.auth.load_client_keys`), None for a frontend
-    without RPC authentication."""
+    parent process is gone), or drain and return once ``leave_event`` is set. Runs
+    ``model.setup()`` first when it exists. ``keys``: this deployment's CURVE keys
+    (:func:`clipper.rpc.auth.load_client_keys`), None for a frontend without RPC
+    authentication. ``readiness`` is set while the container is registered."""
     log = _Prefixed(_log, {"prefix": f"[{name}:{version} pid={os.getpid()}]"})
     setup = getattr(model, "setup", None)
     if callable(setup):
@@ -453,6 +529,9 @@ def serve(
         log=log,
         token=token,
         keys=keys,
+        leave_event=leave_event,
+        drain_timeout=drain_timeout,
+        readiness=readiness,
     ).run()
 
 
@@ -525,18 +604,58 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
+def _flag(name: str) -> bool:
+    return (_env(name, "") or "").lower() in ("1", "true", "yes")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m clipper.container",
         description="Serve a cloudpickled model to a clipper-serve (or Clipper) frontend.",
     )
-    model_path = _env("CLIPPER_MODEL_PATH")
     name = _env("CLIPPER_MODEL_NAME")
     p.add_argument(
         "--model-path",
-        default=model_path,
-        required=model_path is None,
-        help="cloudpickle file, or a directory holding func.pkl [CLIPPER_MODEL_PATH]",
+        default=_env("CLIPPER_MODEL_PATH"),
+        help="cloudpickle file, or a directory holding func.pkl; or --fetch-artifact "
+        "[CLIPPER_MODEL_PATH]",
+    )
+    p.add_argument(
+        "--fetch-artifact",
+        action="store_true",
+        default=_flag("CLIPPER_FETCH_ARTIFACT"),
+        help="fetch the model version's artifact from the frontend (checksummed, cached in "
+        "--cache-dir) instead of reading --model-path [CLIPPER_FETCH_ARTIFACT]",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=_env("CLIPPER_CACHE_DIR"),
+        help="where fetched artifacts are kept, by checksum (default: "
+        "~/.cache/clipper-serve/artifacts) [CLIPPER_CACHE_DIR]",
+    )
+    p.add_argument(
+        "--ready-file",
+        default=_env("CLIPPER_READY_FILE"),
+        help="exists while the model is loaded and the container registered with the "
+        "frontend (a readiness probe: test -f) [CLIPPER_READY_FILE]",
+    )
+    p.add_argument(
+        "--ready-port",
+        type=int,
+        default=int(_env("CLIPPER_READY_PORT", "0") or 0) or None,
+        help="serve GET /ready (200 or 503) and GET /live on this port [CLIPPER_READY_PORT]",
+    )
+    p.add_argument(
+        "--ready-host",
+        default=_env("CLIPPER_READY_HOST", "0.0.0.0"),
+        help="address of --ready-port (default 0.0.0.0) [CLIPPER_READY_HOST]",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=float(_env("CLIPPER_DRAIN_TIMEOUT", "10") or 10),
+        help="on SIGTERM, answer the batches held for at most this many seconds, then exit "
+        "[CLIPPER_DRAIN_TIMEOUT]",
     )
     p.add_argument("--name", default=name, required=name is None, help="[CLIPPER_MODEL_NAME]")
     p.add_argument(
@@ -566,7 +685,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--v3-only",
         action="store_true",
-        default=(_env("CLIPPER_V3_ONLY", "") or "").lower() in ("1", "true", "yes"),
+        default=_flag("CLIPPER_V3_ONLY"),
         help="do not advertise the FAST framing [CLIPPER_V3_ONLY]",
     )
     parent = _env("CLIPPER_PARENT_PID")
@@ -598,7 +717,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if (args.model_path is None) == (not args.fetch_artifact):
+        parser.error("give exactly one of --model-path and --fetch-artifact")
     if args.nice > 0:
         os.nice(args.nice)
     try:
@@ -617,21 +739,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     stop = threading.Event()
+    leave = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        _log.info("signal %d: stopping", signum)
-        stop.set()
+        if leave.is_set():
+            _log.info("signal %d again: exiting now", signum)
+            stop.set()
+        else:
+            _log.info("signal %d: draining, then exiting", signum)
+            leave.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    address = f"tcp://{args.ip}:{args.port}"
+    readiness: Readiness | None = None
     try:
-        model = load_model(args.model_path)
+        readiness = Readiness(
+            Path(args.ready_file) if args.ready_file else None, args.ready_port, args.ready_host
+        )
+        model_path = args.model_path
+        if args.fetch_artifact:
+            prefixed = _Prefixed(
+                _log, {"prefix": f"[{args.name}:{args.version} pid={os.getpid()}]"}
+            )
+            model_path = fetch_artifact(
+                address=address,
+                keys=keys,
+                name=args.name,
+                version=args.version,
+                cache_dir=Path(args.cache_dir) if args.cache_dir else default_cache_dir(),
+                stop=leave,
+                log=prefixed,
+            )
+        model = load_model(model_path)
         serve(
             model,
             name=args.name,
             version=args.version,
             input_type=input_type,
-            address=f"tcp://{args.ip}:{args.port}",
+            address=address,
             heartbeat_interval=args.heartbeat_interval,
             activity_timeout=args.activity_timeout,
             fast=not args.v3_only,
@@ -639,8 +785,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_event=stop,
             token=args.replica_token,
             keys=keys,
+            leave_event=leave,
+            drain_timeout=args.drain_timeout,
+            readiness=readiness,
         )
+    except ArtifactUnavailable:
+        return 0  # told to leave while fetching
     except Exception:
         _log.exception("[%s:%s pid=%d] container failed", args.name, args.version, os.getpid())
         return 1
+    finally:
+        if readiness is not None:
+            readiness.close()
     return 0

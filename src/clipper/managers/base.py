@@ -109,7 +109,7 @@ class ManagerContext:
     log_max_bytes: int = 10 * 2**20
     # The CURVE key directory containers are given (--rpc-keys); None: the port is open.
     rpc_keys: Path | None = None
-    # This frontend's node id (known once it has started): names what it owns on an engine.
+    # This frontend's id (known once it has started): names what an engine keeps for it.
     node_id: Callable[[], str] = lambda: ""
 
 

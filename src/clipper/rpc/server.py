@@ -41,6 +41,8 @@ log = logging.getLogger("clipper.rpc")
 # when no such model version is known (the container is asked for metadata again later).
 Registrar = Callable[[wire.NewContainer, bytes], Replica | None]
 Remover = Callable[[Replica], None]
+# Serves an artifact request (identity, request); its answer goes out through send_to.
+ArtifactHandler = Callable[[bytes, wire.ArtifactRequest], None]
 
 
 class ResponseSink(Protocol):
@@ -106,6 +108,10 @@ class RpcServer:
         self._keys_dir = keys_dir
         self._on_refused = on_refused
         self.guard: RpcGuard | None = None
+        # Replicas that said goodbye: removed once their last batch is answered.
+        self._leaving: set[bytes] = set()
+        # Set by the composition root: who answers artifact requests (none: each is refused).
+        self.artifacts: ArtifactHandler | None = None
 
     @property
     def address(self) -> str:
@@ -189,6 +195,16 @@ class RpcServer:
         frames = wire.encode_update_fast(msg_id, self._input_type_of(replica), [payload], [label])
         self._send([replica.identity, *frames])
 
+    def send_to(self, identity: bytes, frames: list[bytes]) -> None:
+        """Frames to one connection (an artifact chunk); dropped when the socket is stopped or
+        that connection's queue is full (the container asks again)."""
+        if self._sock is None:
+            return
+        try:
+            self._send([identity, *frames])
+        except WireError:
+            log.debug("send queue full: a message to %r dropped", identity)
+
     def _send(self, frames: list[bytes]) -> None:
         sock = self._sock
         assert sock is not None
@@ -248,6 +264,8 @@ class RpcServer:
             self._sink.deliver(
                 replica, msg.msg_id, outputs, error, sum(map(len, frames)) - len(identity)
             )
+            if identity in self._leaving and not replica.in_flight:
+                self.remove(replica)
         elif isinstance(msg, wire.Heartbeat):
             hb = (
                 wire.HeartbeatType.KEEP_ALIVE
@@ -255,8 +273,16 @@ class RpcServer:
                 else wire.HeartbeatType.REQUEST_CONTAINER_METADATA
             )
             self._send([identity, *wire.encode_heartbeat_reply(hb)])
+        elif isinstance(msg, wire.Goodbye):
+            self._goodbye(identity, replica)
+        elif isinstance(msg, wire.ArtifactRequest):
+            if self.artifacts is None:
+                self._send([identity, *wire.encode_artifact_chunk(
+                    {"error": "this frontend serves no artifacts"}, b"")])  # fmt: skip
+            else:
+                self.artifacts(identity, msg)
         elif isinstance(msg, wire.NewContainer):
-            if replica is not None:
+            if replica is not None or identity in self._leaving:
                 return
             if msg.rpc_version != wire.RPC_VERSION:
                 log.error(
@@ -278,7 +304,21 @@ class RpcServer:
                     "fast" if new.fast else "v3",
                 )
 
+    def _goodbye(self, identity: bytes, replica: Replica | None) -> None:
+        """A container is leaving (it was sent SIGTERM): no more batches for it, and it is
+        removed as soon as those in flight are answered (a drain, so its answers stand)."""
+        self._send([identity, *wire.encode_heartbeat_reply(wire.HeartbeatType.GOODBYE_ACK)])
+        if replica is None:
+            return  # already drained and removed by its manager
+        log.info("replica %s is leaving: draining %d batches", replica.replica_id,
+                 len(replica.in_flight))  # fmt: skip
+        replica.draining = True
+        self._leaving.add(identity)
+        if not replica.in_flight:
+            self.remove(replica)
+
     def remove(self, replica: Replica) -> None:
+        self._leaving.discard(replica.identity)
         if self._replicas.pop(replica.identity, None) is not None:
             self._on_removed(replica)
 

@@ -13,6 +13,11 @@ Frontend -> container::
                       meta = JSON {"type": name, "n": n, "sizes": [...]} or, for numeric types
                       whose items all have the same size, {"type", "n", "shape": [n, d]};
                       payload = the items concatenated.
+    goodbye ack       a heartbeat reply of type 2 (ours): the frontend sends this container no
+                      more batches; those already sent are still answered.
+    artifact chunk    [b"", u32 3, u32 18, meta, data] (ours): meta = JSON {"sha256", "size",
+                      "kind": "file" | "tar", "offset"} and data = up to the asked bytes from
+                      ``offset``, or meta = {"error": text} and an empty data frame.
 
 Container -> frontend::
 
@@ -23,6 +28,14 @@ Container -> frontend::
                        u64[n+1] = [n, len_0..len_{n-1}], out_0, ..., out_{n-1}]
     FAST response     [b"", u32 16, msg_id (4 raw bytes), u32 status, body]
                       status 0: body = JSON list of outputs; status 1: body = UTF-8 error text.
+    goodbye           [b"", u32 17] (ours): the container is leaving (SIGTERM); send it no more
+                      batches. Answered with a goodbye ack.
+    artifact request  [b"", u32 18, name, version, u64 offset, u32 max_bytes] (ours): a part of
+                      the model version's artifact (max_bytes 0: only its meta). Needs no
+                      registration: a CURVE-authenticated connection is enough.
+
+The original frontend and ``rpc.py`` never see our messages: a container sends them only to a
+frontend that speaks the FAST framing.
 
 Decoders accept ``bytes`` or ``memoryview`` frames (so a receiver may use ``copy=False`` and
 keep a large payload zero-copy) and raise :class:`~clipper.errors.WireError` naming the frame
@@ -44,9 +57,13 @@ from clipper.errors import WireError
 from clipper.inputs import InputType
 
 __all__ = [
+    "ARTIFACT_CHUNK_MAX",
     "FAST_TOKEN",
     "RPC_VERSION",
+    "ArtifactChunk",
+    "ArtifactRequest",
     "Frame",
+    "Goodbye",
     "Heartbeat",
     "HeartbeatReply",
     "HeartbeatType",
@@ -57,6 +74,9 @@ __all__ = [
     "RequestType",
     "decode_container_message",
     "decode_frontend_message",
+    "encode_artifact_chunk",
+    "encode_artifact_request",
+    "encode_goodbye",
     "encode_heartbeat",
     "encode_heartbeat_reply",
     "encode_new_container",
@@ -82,11 +102,14 @@ class MessageType(enum.IntEnum):
     CONTAINER_CONTENT = 1
     HEARTBEAT = 2
     FAST_CONTENT = 16  # ours: a FAST response
+    GOODBYE = 17  # ours: the container is leaving
+    ARTIFACT = 18  # ours: an artifact request (container) or chunk (frontend)
 
 
 class HeartbeatType(enum.IntEnum):
     KEEP_ALIVE = 0
     REQUEST_CONTAINER_METADATA = 1
+    GOODBYE_ACK = 2  # ours: no more batches will come
 
 
 class RequestType(enum.IntEnum):
@@ -106,12 +129,16 @@ _P_NEW_CONTAINER = _U32.pack(MessageType.NEW_CONTAINER)
 _P_CONTENT = _U32.pack(MessageType.CONTAINER_CONTENT)
 _P_HEARTBEAT = _U32.pack(MessageType.HEARTBEAT)
 _P_FAST_CONTENT = _U32.pack(MessageType.FAST_CONTENT)
+_P_GOODBYE = _U32.pack(MessageType.GOODBYE)
+_P_ARTIFACT = _U32.pack(MessageType.ARTIFACT)
 _P_PREDICT = _U32.pack(RequestType.PREDICT)
 _P_FAST_PREDICT = _U32.pack(RequestType.FAST_PREDICT)
 _P_STATUS_OK = _U32.pack(0)
 _P_STATUS_ERROR = _U32.pack(1)
 
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+# The most an artifact request may ask for in one chunk.
+ARTIFACT_CHUNK_MAX = 4 * 2**20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +160,34 @@ class NewContainer:
     rpc_version: int | None
     fast: bool
     token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    """Container -> frontend: it is leaving; send it no more batches."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRequest:
+    """Container -> frontend: ``max_bytes`` of the version's artifact from ``offset``."""
+
+    name: str
+    version: str
+    offset: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactChunk:
+    """Frontend -> container: a part of an artifact, or why there is none (``error``)."""
+
+    meta: dict[str, Any]
+    data: Frame
+
+    @property
+    def error(self) -> str | None:
+        err = self.meta.get("error")
+        return None if err is None else str(err)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +316,13 @@ def encode_predict_fast(msg_id: int, input_type: InputType, items: Sequence[byte
     ]
 
 
-def decode_frontend_message(frames: Sequence[Frame]) -> HeartbeatReply | PredictRequest:
+def encode_artifact_chunk(meta: dict[str, Any], data: bytes) -> list[bytes]:
+    return [_EMPTY, _P_VERSION, _P_ARTIFACT, orjson.dumps(meta), data]
+
+
+def decode_frontend_message(
+    frames: Sequence[Frame],
+) -> HeartbeatReply | PredictRequest | ArtifactChunk:
     """Decode a frontend -> container message (the DEALER receives no identity frame)."""
     _need(frames, 3, "delimiter, RPC version, message type")
     _delimiter(frames)
@@ -272,6 +333,15 @@ def decode_frontend_message(frames: Sequence[Frame]) -> HeartbeatReply | Predict
     if mtype == MessageType.HEARTBEAT:
         _need(frames, 4, "heartbeat type")
         return HeartbeatReply(_u32(frames, 3, "heartbeat type"))
+    if mtype == MessageType.ARTIFACT:
+        _need(frames, 5, "artifact meta, data")
+        try:
+            meta = orjson.loads(frames[3])
+        except orjson.JSONDecodeError as e:
+            raise WireError(f"frame 3 (artifact meta): not JSON: {e}") from None
+        if not isinstance(meta, dict):
+            raise WireError("frame 3 (artifact meta): expected a JSON object")
+        return ArtifactChunk(meta, frames[4])
     if mtype != MessageType.CONTAINER_CONTENT:
         raise WireError(
             f"frame 2 (message type): expected {int(MessageType.HEARTBEAT)} (heartbeat) or "
@@ -391,6 +461,21 @@ def encode_heartbeat() -> list[bytes]:
     return [_EMPTY, _P_HEARTBEAT]
 
 
+def encode_goodbye() -> list[bytes]:
+    return [_EMPTY, _P_GOODBYE]
+
+
+def encode_artifact_request(name: str, version: str, offset: int, max_bytes: int) -> list[bytes]:
+    return [
+        _EMPTY,
+        _P_ARTIFACT,
+        name.encode(),
+        version.encode(),
+        _U64.pack(offset),
+        _U32.pack(max_bytes),
+    ]
+
+
 def encode_new_container(
     name: str, version: str, input_code: int, *, fast: bool = True, token: str = ""
 ) -> list[bytes]:
@@ -448,7 +533,7 @@ def encode_predict_error_fast(msg_id: bytes, message: str) -> list[bytes]:
 
 def decode_container_message(
     frames: Sequence[Frame],
-) -> Heartbeat | NewContainer | PredictResponse:
+) -> Heartbeat | NewContainer | PredictResponse | Goodbye | ArtifactRequest:
     """Decode a container -> frontend message (identity frame already stripped)."""
     _need(frames, 2, "delimiter, message type")
     _delimiter(frames)
@@ -461,7 +546,20 @@ def decode_container_message(
         return _decode_response_fast(frames)
     if mtype == MessageType.NEW_CONTAINER:
         return _decode_new_container(frames)
-    raise WireError(f"frame 1 (message type): expected 0, 1, 2 or 16, got {mtype}")
+    if mtype == MessageType.GOODBYE:
+        return Goodbye()
+    if mtype == MessageType.ARTIFACT:
+        _need(frames, 6, "model name, model version, offset, max bytes")
+        max_bytes = _u32(frames, 5, "max bytes")
+        if max_bytes > ARTIFACT_CHUNK_MAX:
+            raise WireError(f"frame 5 (max bytes): at most {ARTIFACT_CHUNK_MAX}, got {max_bytes}")
+        return ArtifactRequest(
+            _utf8(frames, 2, "model name"),
+            _utf8(frames, 3, "model version"),
+            _u64(frames, 4, "offset"),
+            max_bytes,
+        )
+    raise WireError(f"frame 1 (message type): expected 0, 1, 2, 16, 17 or 18, got {mtype}")
 
 
 def _decode_new_container(frames: Sequence[Frame]) -> NewContainer:
