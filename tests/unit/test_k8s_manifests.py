@@ -40,6 +40,7 @@ def replica(**kw: Any) -> ReplicaSpec:
     spec: dict[str, Any] = {
         "frontend": "clipper-frontend-0",
         "frontend_host": "clipper-frontend-0.clipper-frontend.ns.svc.cluster.local",
+        "frontend_port": 7000,
         "model": "digits",
         "version": "1",
         "input_type": "doubles",

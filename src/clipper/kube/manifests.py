@@ -122,6 +122,7 @@ class ReplicaSpec:
 
     frontend: str  # the frontend's node id (its pod name in the StatefulSet)
     frontend_host: str  # what the replicas dial
+    frontend_port: int  # its RPC port
     model: str
     version: str
     input_type: str
@@ -169,7 +170,7 @@ def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
         "--version", r.version,
         "--input-type", r.input_type,
         "--ip", r.frontend_host,
-        "--port", str(s.rpc_port),
+        "--port", str(r.frontend_port),
         *(("--rpc-keys", KEYS_MOUNT) if r.auth else ()),
         "--replica-token", "$(POD_NAME)",
         "--heartbeat-interval", str(r.heartbeat_interval_s),

@@ -148,6 +148,7 @@ def build_kubernetes(rest: str, ctx: ManagerContext) -> ContainerManager:
         conn,
         node_id=ctx.node_id,
         rpc_host=ctx.rpc_host,
+        rpc_port=ctx.rpc_port,
         rpc_keys=ctx.rpc_keys,
         heartbeat_interval_s=ctx.heartbeat_interval_s,
         drain=ctx.drain,

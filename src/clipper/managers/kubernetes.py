@@ -132,6 +132,7 @@ class KubernetesManager:
         *,
         node_id: Callable[[], str],
         rpc_host: Callable[[], str],
+        rpc_port: Callable[[], int],
         rpc_keys: Path | None,
         heartbeat_interval_s: float,
         drain: Callable[[str], Awaitable[None]] | None,
@@ -141,6 +142,7 @@ class KubernetesManager:
         self._conn = conn
         self._node_id = node_id
         self._rpc_host = rpc_host
+        self._rpc_port = rpc_port
         self._rpc_keys = rpc_keys
         self._heartbeat = heartbeat_interval_s
         self._drain = drain
@@ -232,6 +234,7 @@ class KubernetesManager:
         return ReplicaSpec(
             frontend=self._frontend,
             frontend_host=self._rpc_host(),
+            frontend_port=self._rpc_port(),
             model=mv.name,
             version=mv.version,
             input_type=mv.input_type.readable,
@@ -249,9 +252,6 @@ class KubernetesManager:
         await self._refresh()
         pods = sorted(self._pods_of(mv), key=lambda p: (p.state == "running", -p.slot))
         for pod in pods[:count]:
-            if self._drain is not None:
-                with contextlib.suppress(Exception):
-                    await self._drain(pod.token)
             with contextlib.suppress(Exception):
                 await self._call(
                     self._core.patch_namespaced_pod,
@@ -295,8 +295,10 @@ class KubernetesManager:
         async with self._lock:
             ns = self.settings.namespace
             try:
-                for name in await self._own_deployments():
+                names = await self._own_deployments()
+                for name in names:
                     await self._call(self._apps.delete_namespaced_deployment, name, ns)
+                log.info("deleted this frontend's Deployments in %s: %s", ns, names or "none")
             except Exception as e:  # the frontend stops anyway; say what it left behind
                 log.warning("could not delete this frontend's Deployments in %s: %s", ns, e)
             await self._call(self._api.close)
