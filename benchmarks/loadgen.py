@@ -277,8 +277,12 @@ def run_wrk(
     timeout_s: float = 10.0,
     count_defaults: bool = True,
     wrk_bin: str = WRK_BIN,
+    nice: int = 0,
 ) -> LoadResult:
-    """Closed loop with wrk. ``count_defaults`` adds a Lua ``response()`` hook (costs wrk CPU)."""
+    """Closed loop with wrk. ``count_defaults`` adds a Lua ``response()`` hook (costs wrk CPU).
+    ``nice`` < 0 (root only) runs wrk ahead of the server for the CPU, so that on a machine
+    where they share cores its timestamps are taken when the bytes arrive, not when it next
+    gets a core."""
     if not (shutil.which(wrk_bin) or os.path.exists(wrk_bin)):
         raise FileNotFoundError(f"wrk not found at {wrk_bin}")
     threads = max(1, min(threads, concurrency))
@@ -288,6 +292,7 @@ def run_wrk(
         script = f.name
     try:
         cmd = [
+            *(["nice", "-n", str(nice)] if nice else []),
             wrk_bin,
             f"-t{threads}",
             f"-c{concurrency}",
@@ -583,6 +588,7 @@ def closed_loop(
     threads: int = 1,
     timeout_s: float = 10.0,
     count_defaults: bool = True,
+    nice: int = 0,
 ) -> LoadResult:
     """Closed-loop load with the chosen engine (``wrk`` does not support ``requests``)."""
     if engine == "wrk":
@@ -596,6 +602,7 @@ def closed_loop(
             threads=threads,
             timeout_s=timeout_s,
             count_defaults=count_defaults,
+            nice=nice,
         )
     if engine == "python":
         return uvloop.run(

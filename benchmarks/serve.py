@@ -69,6 +69,8 @@ async def run(args: argparse.Namespace) -> None:
     async with Clipper(query_port=args.query_port, rpc_port=args.rpc_port, admin_port=0) as clipper:
         if args.no_shed:  # the "before" of load shedding: never shed for loop lag
             clipper.processor.loop_lag = None
+        if args.no_socket_wait:  # the "before" of counting the socket wait in the histogram
+            clipper.processor.socket_wait_s = lambda: 0.0  # type: ignore[method-assign]
         await clipper.register_application(
             APP,
             input_type="doubles",
@@ -102,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--wait", choices=["adaptive", "fixed"], default="adaptive", help="batch wait policy"
     )
     p.add_argument("--no-shed", action="store_true", help="no shedding for event-loop lag")
+    p.add_argument(
+        "--no-socket-wait",
+        action="store_true",
+        help="the latency histogram leaves out the estimated socket wait",
+    )
     p.add_argument("--max-batch-size", type=int, default=None, help="cap (fixed: default 32)")
     p.add_argument("--in-flight", type=int, default=1, help="batches in flight per replica")
     p.add_argument("--replicas", type=int, default=1)

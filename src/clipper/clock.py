@@ -44,6 +44,12 @@ class Clock(Protocol):
         """Run ``callback(*args)`` when :meth:`now` reaches ``when`` (this clock's scale)."""
         ...
 
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> TimerHandle:
+        """Run ``callback(*args)`` on the loop's next turn (a callback it schedules again runs
+        on the turn after: one call per turn, unlike a zero-delay timer, which uvloop may run
+        again in the same turn)."""
+        ...
+
 
 class MonotonicClock:
     """Real time: :func:`time.monotonic`, with timers on the running event loop.
@@ -81,6 +87,12 @@ class MonotonicClock:
         self, when: float, callback: Callable[..., object], *args: Any
     ) -> asyncio.TimerHandle:
         return self.call_later(when - time.monotonic(), callback, *args)
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> asyncio.Handle:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop.call_soon(callback, *args)
 
 
 class _FakeTimer:
@@ -123,6 +135,10 @@ class FakeClock:
         timer = _FakeTimer(when, callback, args)
         heapq.heappush(self._timers, (when, next(self._seq), timer))
         return timer
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> _FakeTimer:
+        """Like a timer due now: it runs on the next :meth:`advance`."""
+        return self.call_at(self._t, callback, *args)
 
     def pending(self) -> int:
         """How many timers are armed and not cancelled."""

@@ -137,3 +137,49 @@ def test_a_request_that_arrives_too_late_is_shed_without_lag(
     assert at == f.clock.now()
     assert f.transport.sent == []
     assert "the request 19.0 ms old" in doc["default_explanation"]
+
+
+class TurningClock(StalledClock):
+    """Loop turns of ``turn`` seconds: a callback asked for "next turn" runs that much later."""
+
+    def __init__(self, stall: float, turn: float) -> None:
+        super().__init__(stall)
+        self.turn = turn
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> _FakeTimer:
+        return self.call_at(self.now() + self.turn, callback, *args)
+
+
+def test_a_busy_loop_measures_its_turns_as_the_socket_wait() -> None:
+    clock = TurningClock(stall=0.004, turn=0.004)
+    mon = LoopLagMonitor(clock, interval_s=0.005)
+    mon.start()
+    assert mon.socket_wait_s == 0.0
+    clock.advance(0.05)
+    assert mon.lag_s == pytest.approx(0.004)
+    assert mon.socket_wait_s == pytest.approx(0.004)  # one turn, measured turn by turn
+    clock.stall, clock.turn = 0.0, 0.0  # the loop caught up: short turns
+    clock.advance(0.05)
+    assert mon.socket_wait_s == 0.0
+    mon.stop()
+    assert clock.pending() == 0
+
+
+def test_the_histogram_adds_the_socket_wait_and_the_deadline_does_not(
+    frontends: list[Frontend],  # noqa: F811
+) -> None:
+    app = single_app()
+    f = Frontend(app, ["m"])
+    frontends.append(f)
+    mon = lagging(f, 0.0)
+    mon.turn_s = 0.003
+    mon._turns = f.clock.call_later(3600.0, lambda: None)  # as if measuring turns now
+    answers = Answers(f.clock)
+    f.proc.predict("app", BODY, answers)
+    f.clock.advance(0.001)
+    f.answer("m", [7.0])
+    _, doc = answers.one()
+    assert doc["default"] is False  # the deadline did not lose the 3 ms
+    hist = f.metrics.latency.labels(app="app")
+    assert hist._sum.get() == pytest.approx(0.001 + 0.003)
+    mon._turns.cancel()

@@ -17,9 +17,28 @@ __all__ = ["LoopLagMonitor"]
 
 
 class LoopLagMonitor:
-    __slots__ = ("_clock", "_decay", "_due", "_timer", "interval_s", "lag_s", "samples")
+    __slots__ = (
+        "_busy_s",
+        "_clock",
+        "_decay",
+        "_due",
+        "_timer",
+        "_turn_at",
+        "_turns",
+        "interval_s",
+        "lag_s",
+        "samples",
+        "turn_s",
+    )
 
-    def __init__(self, clock: Clock, *, interval_s: float = 0.005, decay: float = 0.5) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        interval_s: float = 0.005,
+        decay: float = 0.5,
+        busy_s: float = 0.002,
+    ) -> None:
         self._clock = clock
         self.interval_s = interval_s
         self._decay = decay
@@ -27,6 +46,12 @@ class LoopLagMonitor:
         self._due = 0.0
         self.lag_s = 0.0
         self.samples = 0
+        # While the loop is behind by at least busy_s, a callback runs once per loop turn and
+        # measures the turns (their EWMA is turn_s); it stops at the first short turn.
+        self._busy_s = busy_s
+        self._turns: TimerHandle | None = None
+        self._turn_at = 0.0
+        self.turn_s = 0.0
 
     @property
     def running(self) -> bool:
@@ -40,7 +65,33 @@ class LoopLagMonitor:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._stop_turns()
         self.lag_s = 0.0
+
+    @property
+    def socket_wait_s(self) -> float:
+        """About how long a request now waits in its socket before the loop reads it.
+
+        Under saturation a request arrives while the loop serves one turn and is read during
+        the next: on average one turn (half of each). Below ``busy_s`` of lag, 0."""
+        return self.turn_s if self._turns is not None else 0.0
+
+    def _stop_turns(self) -> None:
+        if self._turns is not None:
+            self._turns.cancel()
+            self._turns = None
+        self.turn_s = 0.0
+
+    def _turn(self) -> None:
+        now = self._clock.now()
+        turn = now - self._turn_at
+        self._turn_at = now
+        if turn < self._busy_s / 4:
+            self._turns = None  # a short turn: the loop caught up
+            self.turn_s = 0.0
+            return
+        self.turn_s = turn if self.turn_s == 0.0 else 0.8 * self.turn_s + 0.2 * turn
+        self._turns = self._clock.call_soon(self._turn)
 
     def _arm(self) -> None:
         self._due = self._clock.now() + self.interval_s
@@ -51,4 +102,7 @@ class LoopLagMonitor:
         self.samples += 1
         lag = self.lag_s
         self.lag_s = late if late >= lag else late + self._decay * (lag - late)
+        if self.lag_s >= self._busy_s / 2 and self._turns is None:
+            self._turn_at = self._clock.now()
+            self._turns = self._clock.call_soon(self._turn)
         self._arm()

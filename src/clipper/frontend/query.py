@@ -337,6 +337,14 @@ class QueryProcessor:
                 max(q.deadline - q.app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
             )
 
+    def socket_wait_s(self) -> float:
+        """About how long a request waited in its socket before the loop read its first byte
+        (one loop turn under saturation; 0 otherwise). Only the latency histogram adds it, so
+        that it shows what clients see; deadlines count from the first byte, and
+        :meth:`_behind` prices the loop's lag on its own."""
+        mon = self.loop_lag
+        return mon.socket_wait_s if mon is not None else 0.0
+
     def _behind(self, t0: float, due: float, sched: ModelScheduler) -> str | None:
         """Why a query due by ``due`` cannot make it when the frontend itself is behind
         (loop lag above noise, or the request arrived late into its budget); None to queue.
@@ -466,7 +474,7 @@ class QueryProcessor:
         app_name = q.app.name
         requests, latency = self._app_counters(app_name)
         requests.inc()
-        latency.observe(self.clock.now() - q.t0)
+        latency.observe(self.clock.now() - q.t0 + self.socket_wait_s())
         ids = self._query_ids
         out: list[Prediction] = []
         for i in range(q.n):
@@ -483,7 +491,7 @@ class QueryProcessor:
         app_name = q.app.name
         requests, latency = self._app_counters(app_name)
         requests.inc()
-        latency.observe(self.clock.now() - q.t0)
+        latency.observe(self.clock.now() - q.t0 + self.socket_wait_s())
         out: list[Prediction] = []
         for i in range(q.n):
             pred = combine_one(q, i, next(self._query_ids))
