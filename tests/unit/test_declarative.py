@@ -123,6 +123,9 @@ def test_json_files_are_read_with_line_numbers(tmp_path: Path) -> None:
     bad = _write(tmp_path, '{"applications": [}', "bad.json")
     (problem,) = _problems(bad)
     assert problem.startswith(f"{bad}:1:19: invalid JSON")
+    twice = _write(tmp_path, '{"models": [], "models": []}', "twice.json")
+    (problem,) = _problems(twice)
+    assert "the key 'models' is given twice" in problem
 
 
 def test_a_fresh_frontend_gets_everything_created_in_a_valid_order(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,13 +68,9 @@ def load_document(path: Path) -> tuple[Any, Located]:
     located = Located(str(path))
     if path.suffix.lower() == ".json":
         try:
-            value = json.loads(text, object_pairs_hook=_no_duplicates)
+            value = json.loads(text, object_pairs_hook=_no_duplicates(path))
         except json.JSONDecodeError as e:
             raise DocumentError([f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}"]) from None
-        except _DuplicateKey as e:
-            raise DocumentError(
-                [f"{path}: the key {e.key!r} is given twice in one object"]
-            ) from None
         # Lines for the schema's messages: JSON is YAML, so the YAML composer can place them.
         with contextlib.suppress(DocumentError):
             _compose(text, located)
@@ -81,18 +78,16 @@ def load_document(path: Path) -> tuple[Any, Located]:
     return _compose(text, located), located
 
 
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        self.key = key
+def _no_duplicates(source: Path) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise DocumentError([f"{source}: the key {k!r} is given twice in an object"])
+            out[k] = v
+        return out
 
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out
+    return build
 
 
 def _compose(text: str, located: Located) -> Any:
