@@ -17,16 +17,13 @@ import orjson
 
 from clipper.client import Client
 from clipper.config import BatchingConfig
-from clipper.declarative.spec import EXTERNAL_CONTAINER
+from clipper.declarative.spec import APP_DEFAULTS, EXTERNAL_CONTAINER
 from clipper.errors import ConfigError
 from clipper.frontend.admin_fields import ArchiveTooLarge, extract_archive
-from clipper.inputs import InputType
-from clipper.registry import Application
 
 __all__ = ["STATE_FILE", "export_state", "to_document"]
 
 STATE_FILE = "clipper.yaml"
-_APP_DEFAULTS = Application("d", InputType.DOUBLES, "null", 1).to_record()
 _BATCHING_DEFAULTS = BatchingConfig().to_dict()
 
 
@@ -40,9 +37,8 @@ def to_document(state: dict[str, Any]) -> dict[str, Any]:
             "default_output": a["default_output"],
             "slo_micros": a["latency_slo_micros"],
         }
-        for key in ("cache", "overload", "policy", "policy_params", "min_confidence", "loss",
-                    "loss_scale", "online_learning"):  # fmt: skip
-            if a[key] != _APP_DEFAULTS[key]:
+        for key, default in APP_DEFAULTS.items():
+            if key in a and a[key] != default:
                 doc[key] = a[key]
         doc["models"] = list(a["linked_models"])
         apps.append(doc)

@@ -18,15 +18,18 @@ from typing import Any
 from clipper.artifact_digest import content_digest
 from clipper.config import BatchingConfig
 from clipper.declarative.document import DocumentError, PathKey
-from clipper.declarative.spec import AppSpec, DesiredState, ModelSpec, VersionSpec
+from clipper.declarative.spec import (
+    APP_REQUIRED,
+    AppSpec,
+    DesiredState,
+    ModelSpec,
+    VersionSpec,
+)
 
 __all__ = ["Plan", "Step", "make_plan"]
 
-# update_app takes these record fields; input_type and name do not change.
-_MUTABLE_APP_FIELDS = (
-    "default_output", "latency_slo_micros", "cache", "overload", "policy", "policy_params",
-    "min_confidence", "loss", "loss_scale", "online_learning",
-)  # fmt: skip
+# update_app takes every record field but these, which do not change.
+_FIXED_APP_FIELDS = ("name", "input_type")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +119,7 @@ class _Planner:
         for spec, changes in updates:
             if changes:
                 described = ", ".join(
-                    f"{k} {_show(self.apps[spec.name].get(k))} -> {_show(v)}"
+                    f"{APP_REQUIRED.get(k, k)} {_show(self.apps[spec.name].get(k))} -> {_show(v)}"
                     for k, v in changes.items()
                 )
                 self.add(
@@ -151,7 +154,7 @@ class _Planner:
                 "change: delete the application (or apply with --prune after renaming it)",
             )
             return {}
-        return {k: want[k] for k in _MUTABLE_APP_FIELDS if have.get(k) != want[k]}
+        return {k: v for k, v in want.items() if k not in _FIXED_APP_FIELDS and have.get(k) != v}
 
     def _link_changes(self, spec: AppSpec) -> tuple[list[str], list[str]]:
         if spec.links is None:

@@ -43,10 +43,26 @@ from clipper.registry import Application, check_name
 __all__ = ["AppSpec", "DesiredState", "ModelSpec", "VersionSpec", "read_desired_state"]
 
 _TOP_KEYS = ("applications", "models")
-_APP_KEYS = (
-    "name", "input_type", "default_output", "slo_micros", "cache", "overload", "policy",
-    "policy_params", "min_confidence", "loss", "loss_scale", "online_learning", "models",
-)  # fmt: skip
+# An application's settings are its record's fields (registry.Application.to_record), so a
+# setting added there is declared, compared and exported without a change here; those below are
+# typed here for a message with the path (the others are checked by Application itself).
+# Record field -> its key in the file.
+APP_REQUIRED = {
+    "name": "name",
+    "input_type": "input_type",
+    "default_output": "default_output",
+    "latency_slo_micros": "slo_micros",
+}
+APP_DEFAULTS: dict[str, Any] = {
+    k: v
+    for k, v in Application("d", InputType.DOUBLES, "null", 1).to_record().items()
+    if k not in APP_REQUIRED
+}
+_APP_TYPES: dict[str, type] = {
+    "cache": bool, "overload": str, "policy": str, "policy_params": dict,
+    "min_confidence": float, "loss": str, "loss_scale": float, "online_learning": bool,
+}  # fmt: skip
+_APP_KEYS = (*APP_REQUIRED.values(), *APP_DEFAULTS, "models")
 _MODEL_KEYS = ("name", "input_type", "current", "versions")
 _VERSION_KEYS = (
     "version", "artifact", "replicas", "batching", "labels", "input_type", "container_name",
@@ -226,14 +242,10 @@ def _app(r: _Reader, value: Any, i: int) -> AppSpec | None:
         r.fail((*path, "slo_micros"), f"expected a positive 32-bit integer, got {_kind(slo)}")
         slo = None
     options = {
-        "cache": r.typed(doc, "cache", path, bool, True),
-        "overload": r.typed(doc, "overload", path, str, "default"),
-        "policy": r.typed(doc, "policy", path, str, "single"),
-        "policy_params": r.typed(doc, "policy_params", path, dict, {}),
-        "min_confidence": r.typed(doc, "min_confidence", path, float, 0.0),
-        "loss": r.typed(doc, "loss", path, str, "0/1"),
-        "loss_scale": r.typed(doc, "loss_scale", path, float, 1.0),
-        "online_learning": r.typed(doc, "online_learning", path, bool, False),
+        key: r.typed(doc, key, path, _APP_TYPES[key], default)
+        if key in _APP_TYPES
+        else doc.get(key, default)
+        for key, default in APP_DEFAULTS.items()
     }
     links: list[str] | None = None
     if "models" in doc:
@@ -248,12 +260,13 @@ def _app(r: _Reader, value: Any, i: int) -> AppSpec | None:
                 r.fail((*path, "models"), "a model is listed twice")
     if name is None or itype is None or slo is None:
         return None
+    record = {
+        "name": name, "input_type": itype.readable, "default_output": default_text,
+        "latency_slo_micros": slo, **options,
+    }  # fmt: skip
     try:
-        app = Application(
-            name=name, input_type=itype, default_output=default_text,
-            latency_slo_micros=slo, **options,
-        )  # fmt: skip
-    except ClipperError as e:
+        app = Application.from_record(record)
+    except (ClipperError, TypeError, ValueError) as e:
         r.fail(path, str(e))
         return None
     if links is not None and app.policy == "single" and len(links) > 1:
