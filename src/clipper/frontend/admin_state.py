@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from clipper.artifact_digest import SOURCE_DIGEST_FILE, archive, content_digest, is_digest
 from clipper.errors import ConfigError
 from clipper.frontend.admin_fields import (
+    SCHEMAS,
     FieldError,
     OperationError,
     Reply,
@@ -35,6 +36,19 @@ if TYPE_CHECKING:
 __all__ = ["StateRoutes"]
 
 GZIP = b"application/gzip"
+_VERSION_SCHEMA = '"model_name" := string, "model_version" := string (optional: the serving one)'
+# Named in the "Expected JSON schema" of a body off its route's schema (admin_fields.SCHEMAS).
+SCHEMAS.update(
+    {
+        "export_state": "{}",
+        "get_status": "{}",
+        "get_artifact": "{" + _VERSION_SCHEMA + "}",
+        "get_replica_logs": (
+            "{" + _VERSION_SCHEMA + ', "replica" := int (optional), "offsets" := '
+            '{"<replica>": int} (optional), "max_bytes" := int (optional)}'
+        ),
+    }
+)
 LOG_CHUNK_DEFAULT = 64 * 1024
 LOG_CHUNK_MAX = 1 << 20
 # A slot not connected that has exited this often is crash-looping: "failed" (the manager
