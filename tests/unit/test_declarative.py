@@ -216,3 +216,20 @@ def test_digests_ignore_times_and_pycache_and_archives_are_reproducible(tmp_path
     (single / "model.pkl").write_bytes(b"pickle")
     assert served_path(single) == single / "model.pkl"
     assert content_digest(single) == content_digest(single / "model.pkl")
+
+
+def test_a_new_version_that_does_not_serve_is_deployed_then_traffic_goes_back(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path, GOOD)
+    state = _state_of(path)
+    text = GOOD.replace(
+        "        replicas: 2\n",
+        "        replicas: 2\n      - version: 2\n        artifact: adder\n    current: '1'\n",
+    )
+    plan = make_plan(read_desired_state(_write(tmp_path, text)), state)
+    assert [(s.op, s.args.get("version")) for s in plan.steps] == [
+        ("deploy", None),
+        ("set_version", "1"),
+    ]
+    assert any("switches traffic to it until adder:1 is set back" in n for n in plan.notes)

@@ -11,7 +11,12 @@ from typing import Any, cast
 from clipper.clock import FakeClock
 from clipper.frontend.admin_state import StateRoutes
 from clipper.metrics import Metrics
-from clipper.metrics_window import MetricsWindow, histogram_quantile
+from clipper.metrics_window import (
+    MetricsWindow,
+    counter_values,
+    histogram_buckets,
+    histogram_quantile,
+)
 from clipper.registry import Registry
 
 
@@ -42,6 +47,27 @@ def test_rates_cover_the_window_only() -> None:
     assert rates["p50_ms"] is not None and 2.0 <= rates["p50_ms"] <= 5.0
     window.stop()
     assert clock.pending() == 0 and not window.running
+
+
+class _OnlyCollect:
+    """A metric seen only through collect(): the readers' fallback."""
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+
+    def collect(self) -> Any:
+        return self.metric.collect()
+
+
+def test_the_fast_readers_agree_with_collect() -> None:
+    m = Metrics()
+    for i in range(3):
+        m.defaults.labels(app=f"a{i}", reason="slo").inc(i + 1)
+        m.latency.labels(app=f"a{i}").observe(0.003 * (i + 1))
+    assert counter_values(m.defaults) == counter_values(_OnlyCollect(m.defaults))
+    assert counter_values(m.defaults)[("a2", "slo")] == 3
+    assert histogram_buckets(m.latency) == histogram_buckets(_OnlyCollect(m.latency))
+    assert histogram_buckets(m.latency)[("a0",)][-1] == (float("inf"), 1.0)
 
 
 def test_quantiles_interpolate_inside_the_bucket() -> None:
