@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from clipper.client import Client
-from clipper.errors import ClipperError, ConfigError
+from clipper.errors import ConfigError
 
 __all__ = ["OPERATOR_COMMANDS", "add_operator_commands", "run_operator_command"]
 
@@ -281,6 +281,26 @@ def _holder(lock: Path) -> dict[str, Any] | None:
         os.close(fd)
 
 
+def _refused(message: str) -> int:
+    print(f"clipper: {message}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def _runs_clipper_start(pid: int) -> bool:
+    """Whether ``pid``'s command line is a ``clipper start`` (``clipper start``, ``python -m
+    clipper start``, ``python -m clipper.cli start``). True where the command line cannot be
+    read (no /proc): the lock's holder is then taken at its word."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return not Path("/proc/self/cmdline").exists()
+    for i, arg in enumerate(args):
+        if arg == b"start":
+            before = b" ".join(args[:i])
+            return b"clipper" in before
+    return False
+
+
 def stop_frontend(state_dir: Path, timeout_s: float) -> int:
     """SIGTERM the frontend that holds ``state_dir``'s lock and wait until it has let go."""
     from clipper.runtime.state_lock import LOCK_FILE
@@ -292,7 +312,7 @@ def stop_frontend(state_dir: Path, timeout_s: float) -> int:
         return EXIT_OK
     pid = holder.get("pid")
     if not isinstance(pid, int) or pid <= 0:
-        raise ClipperError(
+        return _refused(
             f"a frontend holds {lock} but has not recorded its pid yet (it is starting): "
             "try again in a moment"
         )
@@ -300,13 +320,20 @@ def stop_frontend(state_dir: Path, timeout_s: float) -> int:
         f"{k.replace('_', ' ')} {v}" for k, v in holder.items() if k.endswith("port") and v
     )
     who = f"the frontend on {lock.parent} (pid {pid}{', ' + ports if ports else ''})"
+    if not _runs_clipper_start(pid):
+        # An embedded frontend (Clipper, ClipperThread) in a notebook, a script, a test run:
+        # SIGTERM would end that whole program, not only its frontend.
+        return _refused(
+            f"{who} runs embedded in another program, not `clipper start`: stop it from that "
+            "program (Clipper.stop())"
+        )
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         _say(f"{who} has just exited")
         return EXIT_OK
     except PermissionError:
-        raise ClipperError(f"not allowed to stop {who}: it runs as another user") from None
+        return _refused(f"not allowed to stop {who}: it runs as another user")
     t0 = time.monotonic()
     while _holder(lock) is not None:
         if time.monotonic() - t0 > timeout_s:

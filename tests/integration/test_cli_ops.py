@@ -241,6 +241,14 @@ async def test_logs_status_and_a_killed_replica(tmp_path: Path) -> None:
         assert follow.returncode == 0 and b"Traceback" not in ferr, ferr.decode()
 
 
+async def test_stop_refuses_to_signal_a_program_that_embeds_a_frontend(tmp_path: Path) -> None:
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path) as c:
+        code, _, err = await cli(c, "stop", "--state-dir", str(tmp_path))
+        assert code == 1, err
+        assert f"(pid {os.getpid()}" in err and "runs embedded in another program" in err
+        assert c.registry is not None  # this test process was not signalled
+
+
 async def test_stop_ends_the_frontend_of_a_state_directory(tmp_path: Path) -> None:
     fe = FrontendProcess(tmp_path / "state")
     try:
