@@ -142,6 +142,18 @@ def _export(client: Client, args: argparse.Namespace) -> int:
 
 # -- logs --------------------------------------------------------------------------------------
 def _logs(client: Client, args: argparse.Namespace) -> int:
+    printer = _LogPrinter()
+    try:
+        _print_logs(client, args, printer)
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise
+        # Ctrl-C is how -f ends, whenever it comes (during the first read too).
+    printer.flush()
+    return EXIT_OK
+
+
+def _print_logs(client: Client, args: argparse.Namespace, printer: _LogPrinter) -> None:
     name, _, version = args.model.partition(":")
     doc: dict[str, Any] = {"model_name": name, "max_bytes": min(max(args.tail_bytes, 0), 1 << 20)}
     if version:
@@ -149,7 +161,6 @@ def _logs(client: Client, args: argparse.Namespace) -> int:
     if args.replica is not None:
         doc["replica"] = args.replica
     answer = client.admin("get_replica_logs", doc)
-    printer = _LogPrinter()
     printer.show(answer["replicas"])
     if not answer["replicas"] and not args.follow:
         print(
@@ -157,18 +168,13 @@ def _logs(client: Client, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if not args.follow:
-        printer.flush()
-        return EXIT_OK
+        return
     doc["model_version"] = answer["model_version"]  # follow the version first shown
     doc["max_bytes"] = 1 << 20
-    try:
-        while True:
-            doc["offsets"] = printer.offsets
-            time.sleep(_FOLLOW_POLL_S)
-            printer.show(client.admin("get_replica_logs", doc)["replicas"])
-    except KeyboardInterrupt:  # Ctrl-C is how -f ends
-        printer.flush()
-        return EXIT_OK
+    while True:
+        doc["offsets"] = printer.offsets
+        time.sleep(_FOLLOW_POLL_S)
+        printer.show(client.admin("get_replica_logs", doc)["replicas"])
 
 
 class _LogPrinter:
