@@ -233,3 +233,15 @@ def test_a_new_version_that_does_not_serve_is_deployed_then_traffic_goes_back(
         ("set_version", "1"),
     ]
     assert any("switches traffic to it until adder:1 is set back" in n for n in plan.notes)
+
+
+def test_the_example_in_the_docs_is_a_valid_file(tmp_path: Path) -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+    example = docs.read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "models" / "logreg-2").mkdir(parents=True)
+    for name in ("logreg-1.joblib", "forest.pkl", "logreg-2/model.pkl"):
+        (tmp_path / "models" / name).write_bytes(b"x")
+    path = tmp_path / "clipper.yaml"
+    path.write_text(example)
+    plan = make_plan(read_desired_state(path), _empty_state())
+    assert plan.counts() == {"create": 8, "change": 0, "delete": 0}, plan.render()

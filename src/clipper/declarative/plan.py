@@ -11,6 +11,7 @@ problem found here, before the first change.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,7 +216,11 @@ class _Planner:
             )  # fmt: skip
 
     def _deploy(self, v: VersionSpec) -> None:
-        where = f"artifact {v.artifact}" if v.artifact else f"container {v.container_name}"
+        where = (
+            f"artifact {self._shown(v.artifact)}"
+            if v.artifact
+            else (f"container {v.container_name}")
+        )
         if v.artifact is None:
             fixed = v.batching.controller == "fixed"
             if v.batching != BatchingConfig() and not (
@@ -234,6 +239,10 @@ class _Planner:
             f"{v.replicas} replicas)",
             spec=v,
         )  # fmt: skip
+
+    def _shown(self, path: Path) -> str:
+        """An artifact's path as the file writes it: relative to the file's directory."""
+        return os.path.relpath(path, self.desired.source.resolve().parent)
 
     def _identity(self, v: VersionSpec) -> str | None:
         assert v.artifact is not None
@@ -262,7 +271,7 @@ class _Planner:
                     "it; left as it is"
                 )
             elif mine is not None and mine not in theirs:
-                differs.append(f"artifact ({v.artifact} is not what runs)")
+                differs.append(f"artifact ({self._shown(v.artifact)} is not what runs)")
         elif have.get("container_name") != v.container_name:
             differs.append(f"container_name {have.get('container_name')} -> {v.container_name}")
         if differs:
