@@ -155,10 +155,13 @@ class Client:
         batching: BatchingConfig | None = None,
         framework: str | None = None,
         artifact: str | Path | None = None,
+        source_sha256: str | None = None,
     ) -> dict[str, Any]:
         """Deploy ``model`` (a function, an object with ``predict``, a scikit-learn estimator,
         a PyTorch module, an ONNX file, an XGBoost or LightGBM model), or an artifact already
-        on disk; returns once its replicas are ready and traffic has switched to it."""
+        on disk; returns once its replicas are ready and traffic has switched to it.
+        ``source_sha256``: the digest of the file it was made from, which the frontend keeps
+        for ``clipper apply`` to recognise (see docs/cli.md)."""
         if (model is None) == (artifact is None):
             raise ClipperError("deploy_model needs exactly one of model= or artifact=")
         from clipper.deployers import package  # only clients that deploy pay the import
@@ -178,10 +181,21 @@ class Client:
         }
         if batching is not None:
             query["batching"] = orjson.dumps(batching.to_dict()).decode()
+        if source_sha256 is not None:
+            query["source_sha256"] = source_sha256
         url = f"{self.admin_url}/admin/upload_model?{urllib.parse.urlencode(query)}"
         status, data = self._call(url, body, headers={"Content-Type": "application/gzip"})
         answer = self._admin_answer(status, data)
         return answer if isinstance(answer, dict) else {"message": answer}
+
+    def download_artifact(self, name: str, version: str) -> bytes:
+        """A model version's artifact as the frontend runs it: a gzipped tar (a single
+        pickled model is ``model.pkl`` in it)."""
+        doc = {"model_name": name, "model_version": version}
+        status, data = self._call(f"{self.admin_url}/admin/get_artifact", orjson.dumps(doc))
+        if status != 200:
+            self._admin_answer(status, data)  # raises with the server's message
+        return data
 
     def link_model_to_app(self, app_name: str, model_name: str) -> None:
         self.admin("add_model_links", {"app_name": app_name, "model_names": [model_name]})

@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 
 import orjson
 
+from clipper.artifact_digest import content_digest
 from clipper.choices import CONTROLLERS, INPUT_TYPES, LOSSES, OVERLOAD, POLICIES, WAITS
+from clipper.cli_ops import OPERATOR_COMMANDS, add_operator_commands, run_operator_command
 from clipper.client import Client
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
@@ -122,7 +124,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     unlink = sub.add_parser("unlink", parents=[common], help="unlink a model from an application")
     unlink.add_argument("app")
     unlink.add_argument("model")
-    sub.add_parser("status", parents=[common], help="applications, models and replicas at a glance")
+    add_operator_commands(sub, common, env)  # apply, export, logs, status, stop (cli_ops.py)
     q = sub.add_parser("predict", parents=[common], help="send one query")
     q.add_argument("app")
     q.add_argument("input", help='the input as JSON, e.g. "[1.0, 2.0]"')
@@ -162,14 +164,18 @@ def _selection_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    client = Client(args.admin_url, args.url, token=args.token)
+    client = Client(args.admin_url, args.url, token=args.token) if "admin_url" in args else None
     try:
+        if args.command in OPERATOR_COMMANDS:
+            return run_operator_command(client, args)
+        assert client is not None
         return _dispatch(client, args)
     except (RegistryError, RequestError) as e:
         _err(str(e))
         return EXIT_REFUSED
     except ConfigError as e:
-        _err(str(e))
+        for line in str(e).splitlines():  # a bad file: each problem on its own line
+            _err(line)
         return EXIT_USAGE
     except ClipperError as e:
         _err(str(e))
@@ -243,44 +249,6 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
     elif cmd == "unlink":
         client.unlink_model_from_app(args.app, args.model)
         out = f"unlinked {args.model} from {args.app}"
-    elif cmd == "status":
-        status = {
-            "applications": client.list_applications(),
-            "models": client.list_models(),
-            "replicas": client.list_replicas(),
-        }
-        if args.json:
-            print(orjson.dumps(status).decode())
-            return EXIT_OK
-        for title, rows, cols in (
-            (
-                "applications",
-                status["applications"],
-                ["name", "input_type", "latency_slo_micros", "linked_models"],
-            ),
-            (
-                "models",
-                status["models"],
-                ["model_name", "model_version", "input_type", "is_current_version"],
-            ),
-            (
-                "replicas",
-                status["replicas"],
-                [
-                    "model_name",
-                    "model_version",
-                    "replica_id",
-                    "framing",
-                    "in_flight_batches",
-                    "seconds_since_heard",
-                    "pid",
-                    "restarts",
-                ],
-            ),
-        ):
-            print(f"{title}:")
-            print(_table(rows, cols) if rows else "  (none)")
-        return EXIT_OK
     elif cmd == "predict":
         value = _json_text(args.input, "input")
         out = client.predict(args.app, orjson.loads(value), version=args.version, uid=args.uid)
@@ -311,6 +279,8 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
         )
     else:
         kwargs = {"model": _load_object(path), "framework": args.framework}
+    # The file's digest: `clipper apply` of a file naming it then sees the same version.
+    kwargs["source_sha256"] = content_digest(path)
     _progress(
         f"deploying {args.name}:{args.version} ({args.replicas} replicas)",
         lambda: client.deploy_model(

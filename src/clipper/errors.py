@@ -5,6 +5,7 @@ module to keep it so). Classes defined beside their only raiser name their modul
 
     ClipperError
     ├── ConfigError            invalid settings (bad port, unknown controller, ...)
+    │   └── DocumentError      a desired-state file that cannot be applied [declarative.document]
     ├── RequestError           a client sent something we cannot serve -> an HTTP status
     │   ├── BadInputError      malformed JSON, wrong input type, missing keys (400)
     │   ├── NotFoundError      unknown application or route (404)
@@ -17,7 +18,8 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │   └── AnswerFailed       an accepted query whose answer could not be encoded (500)
     │                          [frontend.prediction]
     ├── RegistryError          applications, models, links: duplicate, unknown, incompatible
-    │   └── OperationError     an admin operation refused (400) [frontend.admin_fields]
+    │   ├── OperationError     an admin operation refused (400) [frontend.admin_fields]
+    │   └── ApplyError         a step of `clipper apply` refused [declarative.apply]
     ├── FieldError             an admin body off its route's schema [frontend.admin_fields]
     ├── ArchiveTooLarge        upload over its unpacked size or file limit [frontend.admin_fields]
     ├── StoreError             the config store's backend failed; nothing changed (503) [store.base]

@@ -39,6 +39,7 @@ from clipper.frontend.routes import AdminRoutes, QueryRoutes
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager, ManagerContext, open_manager
 from clipper.metrics import Metrics
+from clipper.metrics_window import MetricsWindow
 from clipper.persistence import StoreSync
 from clipper.registry import Application, ModelVersion, Registry
 from clipper.rpc.artifacts import ArtifactServer
@@ -90,6 +91,8 @@ class Clipper:
             self.state_dir = Path(config.state_dir)
         self.registry = Registry()
         self.metrics = Metrics()
+        # Recent rates and latencies per application, for the admin status.
+        self.metrics_window = MetricsWindow(self.metrics, self.clock)
         self.cache = PredictionCache(config.cache_bytes, config.cache_policy)
         self.schedulers: dict[tuple[str, str], ModelScheduler] = {}
         self.store: Store = open_store(config.store)
@@ -195,6 +198,7 @@ class Clipper:
             state_dir=self.state_dir,
             max_upload_unpacked_bytes=config.max_upload_unpacked_bytes,
             max_upload_files=config.max_upload_files,
+            window=self.metrics_window,
         )
         self.admin_http = HttpServer(
             AdminRoutes(self.admin, config.admin_token), host=config.admin_host,
@@ -252,6 +256,8 @@ class Clipper:
             self.reconciler.resume()
             self.loop_lag.start()
             stack.callback(self.loop_lag.stop)
+            self.metrics_window.start()
+            stack.callback(self.metrics_window.stop)
             await self.http.start()
             stack.push_async_callback(self.http.stop)
             await self.admin_http.start()

@@ -86,6 +86,9 @@ class FakeManager:
     def logs(self, max_bytes: int) -> list[tuple[str, str]]:
         return []
 
+    def log_files(self, name: str, version: str) -> dict[int, Path] | None:
+        return None
+
     async def forget(self, name: str, version: str) -> None:
         self.forgotten.append((name, version))
 

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import math
 import shutil
 import tarfile
 from collections.abc import Callable, Coroutine
@@ -32,6 +31,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from clipper.artifact_digest import SOURCE_DIGEST_FILE, is_digest
 from clipper.choices import OVERLOAD
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, NotFoundError, RegistryError
@@ -60,10 +60,12 @@ from clipper.frontend.admin_fields import (
     text_reply,
     write_file,
 )
+from clipper.frontend.admin_state import StateRoutes
 from clipper.frontend.http import Respond
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager
 from clipper.metrics import Metrics
+from clipper.metrics_window import MetricsWindow, histogram_quantile
 from clipper.registry import Application, ModelVersion, Registry, check_name
 from clipper.store.base import StoreError
 
@@ -96,20 +98,7 @@ class _Staged:
 def _histogram_p50(buckets: list[tuple[float, float]]) -> float | None:
     """The median of a cumulative histogram, interpolated inside its bucket as Prometheus's
     ``histogram_quantile(0.5, ...)`` does; None with no observations."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    total = buckets[-1][1]
-    rank = total / 2
-    lower, below = 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            if math.isinf(upper):
-                return lower
-            if count == below:
-                return upper
-            return lower + (upper - lower) * (rank - below) / (count - below)
-        lower, below = upper, count
-    return lower
+    return histogram_quantile(0.5, buckets)
 
 
 class AdminApi:
@@ -125,6 +114,7 @@ class AdminApi:
         state_dir: Path,
         max_upload_unpacked_bytes: int = DEFAULT_MAX_UPLOAD_UNPACKED_BYTES,
         max_upload_files: int = DEFAULT_MAX_UPLOAD_FILES,
+        window: MetricsWindow | None = None,
     ) -> None:
         self.max_upload_unpacked_bytes = max_upload_unpacked_bytes
         self.max_upload_files = max_upload_files
@@ -162,6 +152,14 @@ class AdminApi:
             "set_num_replicas": self._set_num_replicas,
             "set_model_version": self._set_model_version,
         }
+        # Operators' reads: the whole state, artifacts, replica logs, status (admin_state.py).
+        self.state_routes = StateRoutes(
+            registry=registry, schedulers=schedulers, manager=manager,
+            window=window or MetricsWindow(metrics, clock), clock=clock, state_dir=state_dir,
+            max_artifact_bytes=max_upload_unpacked_bytes,
+        )  # fmt: skip
+        self._sync.update(self.state_routes.sync_routes())
+        self._async.update(self.state_routes.async_routes())
 
     # -- dispatch ------------------------------------------------------------------------------
     def route(
@@ -552,6 +550,9 @@ class AdminApi:
             check_name("version", version)
         except RegistryError as e:
             raise OperationError(str(e)) from None
+        source = params.get("source_sha256")
+        if source is not None and not is_digest(source):
+            raise OperationError("source_sha256 must be a SHA-256 in lowercase hex")
         base = self.state_dir / "uploads" / name / version
         digest = hashlib.sha256(body).hexdigest()
         if version in self.registry.models.get(name, {}):
@@ -563,6 +564,8 @@ class AdminApi:
             # Refuse before writing: the running version's file must stay as it is.
             raise OperationError(f"model with name '{name}' and version '{version}' already exists")
         try:
+            if source is not None:  # what `clipper apply` compares (docs/cli.md)
+                await asyncio.to_thread(write_file, base / SOURCE_DIGEST_FILE, source.encode())
             return await self._unpack_and_deploy(
                 base, body, digest, name, version, itype, n, batching
             )

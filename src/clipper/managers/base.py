@@ -87,6 +87,12 @@ class ContainerManager(Protocol):
         """(name, last ``max_bytes`` of text) of each replica log this manager keeps."""
         ...
 
+    def log_files(self, name: str, version: str) -> dict[int, Path] | None:
+        """The log file of each replica slot of a version (present on disk, running or not),
+        by slot: the ``replica`` of ``clipper status`` and ``clipper logs``. None when this
+        manager keeps no logs (the containers run elsewhere)."""
+        ...
+
     async def forget(self, name: str, version: str) -> None:
         """A deleted version: remove what the manager keeps of it (its replicas' logs). Called
         after a grace period, and only while the version stays deleted."""
@@ -186,6 +192,9 @@ class ExternalManager:
 
     def logs(self, max_bytes: int) -> list[tuple[str, str]]:
         return []
+
+    def log_files(self, name: str, version: str) -> dict[int, Path] | None:
+        return None
 
     async def forget(self, name: str, version: str) -> None:
         await asyncio.sleep(0)  # it keeps nothing: the containers' logs are their owners'

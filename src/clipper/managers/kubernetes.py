@@ -334,6 +334,9 @@ class KubernetesManager:
     def logs(self, max_bytes: int) -> list[tuple[str, str]]:
         return []  # the pods' logs are the cluster's: kubectl logs
 
+    def log_files(self, name: str, version: str) -> dict[int, Path] | None:
+        return None  # likewise: `clipper logs` says to use kubectl logs
+
     async def forget(self, name: str, version: str) -> None:
         await asyncio.sleep(0)  # its Deployment went with ensure(..., 0); nothing kept here
 

@@ -121,6 +121,18 @@ class LocalManager:
             out.append((path.name, data.decode("utf-8", "replace")))
         return out
 
+    def log_file(self, name: str, version: str, slot: int) -> Path:
+        return self.state_dir / "logs" / f"{name}-{version}-{slot}.log"
+
+    def log_files(self, name: str, version: str) -> dict[int, Path]:
+        prefix = f"{name}-{version}-"
+        out = {}
+        for path in (self.state_dir / "logs").glob(f"{glob.escape(prefix)}*.log"):
+            slot = path.name[len(prefix) : -len(".log")]
+            if slot.isdigit():
+                out[int(slot)] = path
+        return dict(sorted(out.items()))
+
     async def forget(self, name: str, version: str) -> None:
         """Remove the logs of a deleted version's replica slots (``<m>-<v>-<slot>.log`` and
         its rotated ``.1``), unless a slot of that name runs again."""
@@ -150,7 +162,7 @@ class LocalManager:
                 mv.name,
                 mv.version,
                 len(group),
-                self.state_dir / "logs" / f"{mv.name}-{mv.version}-{len(group)}.log",
+                self.log_file(mv.name, mv.version, len(group)),
             )
             proc.log_path.parent.mkdir(parents=True, exist_ok=True)
             proc.task = asyncio.create_task(

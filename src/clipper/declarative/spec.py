@@ -1,0 +1,380 @@
+"""The desired-state file's schema: applications, models with their versions, links.
+
+::
+
+    applications:
+      - name: digits
+        input_type: doubles
+        default_output: "-1"          # JSON text, or any value (written as JSON)
+        slo_micros: 20000
+        models: [logreg]              # the linked models (omit: leave the links alone)
+    models:
+      - name: logreg
+        input_type: doubles
+        current: "2"                  # default: the last version listed
+        versions:
+          - version: "1"
+            artifact: models/logreg-1.joblib   # relative to this file
+            replicas: 2
+          - version: "2"
+            artifact: models/logreg-2          # an artifact directory
+            batching: {controller: aimd, max_wait_micros: 500}
+
+Every value is checked with the same rules the frontend applies (names, SLO range, policies
+and their parameters, batching), so a file that parses here fails on the frontend only for what
+depends on its state. All problems are reported at once, each with its path and line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from clipper.artifact_digest import is_digest
+from clipper.config import BatchingConfig
+from clipper.declarative.document import DocumentError, Located, PathKey, load_document
+from clipper.errors import ClipperError
+from clipper.inputs import InputType
+from clipper.registry import Application, check_name
+
+__all__ = ["AppSpec", "DesiredState", "ModelSpec", "VersionSpec", "read_desired_state"]
+
+_TOP_KEYS = ("applications", "models")
+# An application's settings are its record's fields (registry.Application.to_record), so a
+# setting added there is declared, compared and exported without a change here; those below are
+# typed here for a message with the path (the others are checked by Application itself).
+# Record field -> its key in the file.
+APP_REQUIRED = {
+    "name": "name",
+    "input_type": "input_type",
+    "default_output": "default_output",
+    "latency_slo_micros": "slo_micros",
+}
+APP_DEFAULTS: dict[str, Any] = {
+    k: v
+    for k, v in Application("d", InputType.DOUBLES, "null", 1).to_record().items()
+    if k not in APP_REQUIRED
+}
+_APP_TYPES: dict[str, type] = {
+    "cache": bool, "overload": str, "policy": str, "policy_params": dict,
+    "min_confidence": float, "loss": str, "loss_scale": float, "online_learning": bool,
+}  # fmt: skip
+_APP_KEYS = (*APP_REQUIRED.values(), *APP_DEFAULTS, "models")
+_MODEL_KEYS = ("name", "input_type", "current", "versions")
+_VERSION_KEYS = (
+    "version", "artifact", "replicas", "batching", "labels", "input_type", "container_name",
+    "source_sha256",
+)  # fmt: skip
+_BATCHING_KEYS = tuple(f.name for f in fields(BatchingConfig))
+# What the original add_model registers for containers started elsewhere.
+EXTERNAL_CONTAINER = "NO_CONTAINER"
+
+
+@dataclass(frozen=True, slots=True)
+class AppSpec:
+    path: PathKey
+    app: Application
+    links: list[str] | None  # None: the file leaves the links as they are
+
+    @property
+    def name(self) -> str:
+        return self.app.name
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSpec:
+    path: PathKey
+    model: str
+    version: str
+    input_type: InputType
+    labels: tuple[str, ...]
+    artifact: Path | None  # None: containers started elsewhere dial in (the original add_model)
+    container_name: str | None
+    batching: BatchingConfig
+    replicas: int
+    # The digest of the file the artifact was packaged from (``clipper export`` writes it), so
+    # that a file naming that original file recognises the version on any frontend.
+    source_sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    path: PathKey
+    name: str
+    current: str
+    versions: list[VersionSpec]
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredState:
+    source: Path
+    located: Located
+    apps: list[AppSpec]
+    models: list[ModelSpec]
+
+
+class _Reader:
+    """Checks values, collecting every problem with its path and line."""
+
+    def __init__(self, located: Located) -> None:
+        self.located = located
+        self.problems: list[str] = []
+
+    def fail(self, path: PathKey, message: str) -> None:
+        self.problems.append(self.located.problem(path, message))
+
+    def mapping(self, value: Any, path: PathKey, keys: tuple[str, ...]) -> dict[str, Any] | None:
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a mapping with {', '.join(keys)}, got {_kind(value)}")
+            return None
+        for key in value:
+            if key not in keys:
+                self.fail((*path, str(key)), f"unknown key (expected one of: {', '.join(keys)})")
+        return value
+
+    def items(self, doc: dict[str, Any], key: str, path: PathKey) -> list[Any]:
+        value = doc.get(key, [])
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.fail((*path, key), f"expected a list, got {_kind(value)}")
+            return []
+        return value
+
+    def name(self, doc: dict[str, Any], key: str, path: PathKey, kind: str) -> str | None:
+        """A name or version: a string, or an integer (``version: 2``) taken as its text."""
+        value = doc.get(key)
+        if value is None:
+            self.fail((*path, key) if key in doc else path, f"{key} is required")
+            return None
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            hint = (
+                " (quote it: a version like 1.10 is read as the number 1.1)"
+                if isinstance(value, float)
+                else ""
+            )
+            self.fail((*path, key), f"expected a string, got {_kind(value)}{hint}")
+            return None
+        text = str(value)
+        try:
+            check_name(kind, text)
+        except ClipperError as e:
+            self.fail((*path, key), str(e))
+            return None
+        return text
+
+    def typed(self, doc: dict[str, Any], key: str, path: PathKey, want: type, default: Any) -> Any:
+        value = doc.get(key, default)
+        if value is default:
+            return value
+        ok = isinstance(value, want) and not (isinstance(value, bool) and want is not bool)
+        if want is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok:
+            self.fail((*path, key), f"expected {want.__name__}, got {_kind(value)}")
+            return default
+        return float(value) if want is float else value
+
+    def input_type(self, value: Any, path: PathKey) -> InputType | None:
+        try:
+            return InputType.parse(str(value))
+        except ValueError as e:
+            self.fail(path, str(e))
+            return None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the text {value!r}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def read_desired_state(path: Path) -> DesiredState:
+    """Parse and check ``path``; :class:`DocumentError` lists every problem."""
+    value, located = load_document(path)
+    r = _Reader(located)
+    doc = r.mapping(value if value is not None else {}, (), _TOP_KEYS) or {}
+    apps = [a for i, v in enumerate(r.items(doc, "applications", ())) if (a := _app(r, v, i))]
+    models = [m for i, v in enumerate(r.items(doc, "models", ())) if (m := _model(r, v, i, path))]
+    _unique(r, [(a.path, a.name) for a in apps], "application")
+    _unique(r, [(m.path, m.name) for m in models], "model")
+    if r.problems:
+        raise DocumentError(r.problems)
+    return DesiredState(path, located, apps, models)
+
+
+def _unique(r: _Reader, named: list[tuple[PathKey, str]], kind: str) -> None:
+    seen: dict[str, PathKey] = {}
+    for path, name in named:
+        if name in seen:
+            r.fail((*path, "name"), f"{kind} {name!r} is declared twice")
+        seen[name] = path
+
+
+def _app(r: _Reader, value: Any, i: int) -> AppSpec | None:
+    path: PathKey = ("applications", i)
+    doc = r.mapping(value, path, _APP_KEYS)
+    if doc is None:
+        return None
+    name = r.name(doc, "name", path, "application")
+    itype = None
+    if "input_type" not in doc:
+        r.fail(path, "input_type is required")
+    else:
+        itype = r.input_type(doc["input_type"], (*path, "input_type"))
+    if "default_output" not in doc:
+        r.fail(path, 'default_output is required (JSON text, e.g. "-1")')
+    default = doc.get("default_output")
+    default_text = default if isinstance(default, str) else orjson.dumps(default).decode()
+    slo = doc.get("slo_micros")
+    if slo is None:
+        r.fail(path, "slo_micros is required (the latency objective in microseconds)")
+    elif isinstance(slo, bool) or not isinstance(slo, int) or not 1 <= slo <= 2**31 - 1:
+        r.fail((*path, "slo_micros"), f"expected a positive 32-bit integer, got {_kind(slo)}")
+        slo = None
+    options = {
+        key: r.typed(doc, key, path, _APP_TYPES[key], default)
+        if key in _APP_TYPES
+        else doc.get(key, default)
+        for key, default in APP_DEFAULTS.items()
+    }
+    links: list[str] | None = None
+    if "models" in doc:
+        raw = doc["models"]
+        if raw is None:
+            raw = []
+        if not isinstance(raw, list) or not all(isinstance(m, str) for m in raw):
+            r.fail((*path, "models"), f"expected a list of model names, got {_kind(raw)}")
+        else:
+            links = list(raw)
+            if len(set(links)) != len(links):
+                r.fail((*path, "models"), "a model is listed twice")
+    if name is None or itype is None or slo is None:
+        return None
+    record = {
+        "name": name, "input_type": itype.readable, "default_output": default_text,
+        "latency_slo_micros": slo, **options,
+    }  # fmt: skip
+    try:
+        app = Application.from_record(record)
+    except (ClipperError, TypeError, ValueError) as e:
+        r.fail(path, str(e))
+        return None
+    if links is not None and app.policy == "single" and len(links) > 1:
+        r.fail(
+            (*path, "models"),
+            f"policy single links at most one model, got {len(links)}: choose a selection "
+            "policy (e.g. policy: exp3) to link several",
+        )
+    return AppSpec(path, app, links)
+
+
+def _model(r: _Reader, value: Any, i: int, source: Path) -> ModelSpec | None:
+    path: PathKey = ("models", i)
+    doc = r.mapping(value, path, _MODEL_KEYS)
+    if doc is None:
+        return None
+    name = r.name(doc, "name", path, "model")
+    itype = r.input_type(doc["input_type"], (*path, "input_type")) if "input_type" in doc else None
+    raw = r.items(doc, "versions", path)
+    if not raw:
+        r.fail(path, "versions is required: at least one version")
+    versions = []
+    for j, item in enumerate(raw):
+        where: PathKey = (*path, "versions", j)
+        v = _version(r, item, where, model=name, model_type=itype, source=source)
+        if v is not None:
+            versions.append(v)
+    _unique(r, [(v.path, v.version) for v in versions], f"version of {name}")
+    current = versions[-1].version if versions else None
+    if "current" in doc:
+        current = r.name(doc, "current", path, "version")
+        if current is not None and versions and current not in {v.version for v in versions}:
+            r.fail((*path, "current"), f"{current!r} is not one of the versions listed")
+    if name is None or not versions or current is None:
+        return None
+    return ModelSpec(path, name, current, versions)
+
+
+def _version(
+    r: _Reader,
+    value: Any,
+    path: PathKey,
+    *,
+    model: str | None,
+    model_type: InputType | None,
+    source: Path,
+) -> VersionSpec | None:
+    doc = r.mapping(value, path, _VERSION_KEYS)
+    if doc is None:
+        return None
+    version = r.name(doc, "version", path, "version")
+    itype = model_type
+    if "input_type" in doc:
+        itype = r.input_type(doc["input_type"], (*path, "input_type"))
+    elif model_type is None:
+        r.fail(path, "input_type is required (on the model or on each version)")
+    labels = doc.get("labels", [])
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        r.fail((*path, "labels"), f"expected a list of strings, got {_kind(labels)}")
+        labels = []
+    replicas = doc.get("replicas", 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        r.fail((*path, "replicas"), f"expected an integer >= 0, got {_kind(replicas)}")
+        replicas = 1
+    artifact: Path | None = None
+    container: str | None = None
+    if doc.get("artifact") is not None:
+        if not isinstance(doc["artifact"], str):
+            r.fail((*path, "artifact"), f"expected a path, got {_kind(doc['artifact'])}")
+        else:
+            artifact = (source.parent / Path(doc["artifact"]).expanduser()).resolve()
+            if not artifact.exists():
+                r.fail((*path, "artifact"), f"{artifact}: no such file or directory")
+        for key in ("container_name", "labels"):
+            if key in doc:
+                r.fail((*path, key), "only for a version without an artifact")
+    else:
+        container = r.typed(doc, "container_name", path, str, EXTERNAL_CONTAINER)
+        if replicas:
+            r.fail(
+                (*path, "replicas"),
+                "a version without an artifact runs no replicas here (its containers are "
+                "started elsewhere): give an artifact, or replicas: 0",
+            )
+    source_sha256 = doc.get("source_sha256")
+    if source_sha256 is not None and (artifact is None or not is_digest(source_sha256)):
+        r.fail(
+            (*path, "source_sha256"),
+            "expected the SHA-256 (lowercase hex) of the file the artifact was made from",
+        )
+        source_sha256 = None
+    batching = _batching(r, doc.get("batching"), (*path, "batching"))
+    if model is None or version is None or itype is None or batching is None:
+        return None
+    return VersionSpec(
+        path, model, version, itype, tuple(labels), artifact, container, batching, replicas,
+        source_sha256,
+    )  # fmt: skip
+
+
+def _batching(r: _Reader, value: Any, path: PathKey) -> BatchingConfig | None:
+    if value is None:
+        return BatchingConfig()
+    doc = r.mapping(value, path, _BATCHING_KEYS)
+    if doc is None:
+        return None
+    try:
+        return BatchingConfig(**doc)
+    except (ClipperError, TypeError) as e:
+        r.fail(path, str(e))
+        return None

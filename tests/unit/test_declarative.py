@@ -1,0 +1,247 @@
+"""Desired-state files: parsing with line numbers, the schema's checks, and the plan (the diff
+against a frontend's exported state), with no frontend: the state is a plain document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clipper.artifact_digest import archive, content_digest, served_path
+from clipper.declarative.document import DocumentError
+from clipper.declarative.export import to_document
+from clipper.declarative.plan import make_plan
+from clipper.declarative.spec import read_desired_state
+
+GOOD = """\
+applications:
+  - name: sums
+    input_type: doubles
+    default_output: -1
+    slo_micros: 20000
+    models: [adder]
+models:
+  - name: adder
+    input_type: doubles
+    versions:
+      - version: 1
+        artifact: adder
+        replicas: 2
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "state.yaml") -> Path:
+    art = tmp_path / "adder"
+    art.mkdir(exist_ok=True)
+    (art / "clipper-model.json").write_text('{"format": 1, "framework": "python"}')
+    (art / "model.pkl").write_bytes(b"not really a pickle")
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _problems(path: Path) -> list[str]:
+    with pytest.raises(DocumentError) as e:
+        read_desired_state(path)
+    return e.value.problems
+
+
+def _empty_state() -> dict[str, Any]:
+    return {"applications": [], "models": []}
+
+
+def _state_of(path: Path) -> dict[str, Any]:
+    """What a frontend that applied ``path`` exports (as the export_state route answers)."""
+    d = read_desired_state(path)
+    apps = [{**a.app.to_record(), "linked_models": a.links or []} for a in d.apps]
+    models = []
+    for m in d.models:
+        versions = []
+        for v in m.versions:
+            assert v.artifact is not None
+            versions.append(
+                {
+                    "name": v.model,
+                    "version": v.version,
+                    "input_type": v.input_type.readable,
+                    "labels": [],
+                    "artifact": str(v.artifact),
+                    "container_name": "clipper-serve/python",
+                    "batching": v.batching.to_dict(),
+                    "num_replicas": v.replicas,
+                    "keep": False,
+                    "artifact_sha256": content_digest(v.artifact),
+                    "source_sha256": None,
+                }
+            )
+        models.append({"name": m.name, "current": m.current, "versions": versions})
+    return {"applications": apps, "models": models}
+
+
+def test_a_yaml_syntax_error_names_line_and_column(tmp_path: Path) -> None:
+    path = _write(tmp_path, "applications:\n  - name: a\n    slo_micros: [1, 2\n")
+    (problem,) = _problems(path)
+    assert problem.startswith(f"{path}:4:1: invalid YAML")  # the flow list never closes
+
+
+def test_schema_errors_name_the_path_and_line_and_all_are_reported(tmp_path: Path) -> None:
+    text = GOOD.replace("slo_micros: 20000", "slo_micros: fast").replace(
+        "replicas: 2", "replicas: -1\n        colour: red"
+    )
+    problems = _problems(_write(tmp_path, text))
+    assert len(problems) == 3, problems
+    assert any(":5: applications[0].slo_micros: expected a positive 32-bit integer" in p
+               for p in problems)  # fmt: skip
+    assert any(":13: models[0].versions[0].replicas: expected an integer >= 0" in p
+               for p in problems)  # fmt: skip
+    assert any(":14: models[0].versions[0].colour: unknown key" in p for p in problems)
+
+
+def test_a_key_given_twice_is_an_error_not_the_last_one_wins(tmp_path: Path) -> None:
+    text = GOOD.replace("slo_micros: 20000", "slo_micros: 20000\n    slo_micros: 30000")
+    (problem,) = _problems(_write(tmp_path, text))
+    assert ":6:5: applications[0].slo_micros: given twice (first on line 5)" in problem
+
+
+def test_the_frontends_own_rules_apply_with_the_path(tmp_path: Path) -> None:
+    text = GOOD.replace("name: sums", "name: 'bad name'").replace(
+        "version: 1", "version: 1.10"
+    ).replace("artifact: adder", "artifact: missing.pkl")  # fmt: skip
+    problems = _problems(_write(tmp_path, text))
+    assert any("applications[0].name: invalid application name" in p for p in problems)
+    assert any("models[0].versions[0].version: expected a string" in p and "quote it" in p
+               for p in problems)  # fmt: skip
+    assert any("models[0].versions[0].artifact:" in p and "no such file" in p for p in problems)
+
+
+def test_json_files_are_read_with_line_numbers(tmp_path: Path) -> None:
+    text = '{"applications": [{"name": "a",\n "input_type": "doubles"}]}'
+    path = _write(tmp_path, text, "s.json")
+    problems = _problems(path)
+    assert any(p.startswith(f"{path}:1:") and "default_output is required" in p for p in problems)
+    bad = _write(tmp_path, '{"applications": [}', "bad.json")
+    (problem,) = _problems(bad)
+    assert problem.startswith(f"{bad}:1:19: invalid JSON")
+    twice = _write(tmp_path, '{"models": [], "models": []}', "twice.json")
+    (problem,) = _problems(twice)
+    assert "the key 'models' is given twice" in problem
+
+
+def test_a_fresh_frontend_gets_everything_created_in_a_valid_order(tmp_path: Path) -> None:
+    plan = make_plan(read_desired_state(_write(tmp_path, GOOD)), _empty_state())
+    assert [s.op for s in plan.steps] == ["add_app", "deploy", "link"]
+    assert plan.counts() == {"create": 3, "change": 0, "delete": 0}
+    assert plan.render().splitlines()[-1] == "3 to create, 0 to change, 0 to delete"
+
+
+def test_the_same_state_is_an_empty_plan_and_changes_are_steps(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD)
+    state = _state_of(path)
+    assert make_plan(read_desired_state(path), state).empty
+    changed = _write(tmp_path, GOOD.replace("20000", "30000").replace("replicas: 2", "replicas: 3"))
+    plan = make_plan(read_desired_state(changed), state)
+    assert [(s.op, s.sign) for s in plan.steps] == [("scale", "~"), ("update_app", "~")]
+    assert plan.steps[1].args["changes"] == {"latency_slo_micros": 30000}
+
+
+def test_a_changed_artifact_of_a_deployed_version_is_refused_before_anything(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path, GOOD)
+    state = _state_of(path)
+    (tmp_path / "adder" / "model.pkl").write_bytes(b"other bytes")
+    with pytest.raises(DocumentError) as e:
+        make_plan(read_desired_state(path), state)
+    assert "models[0].versions[0]: adder:1 is deployed with a different artifact" in str(e.value)
+
+
+def test_prune_deletes_only_when_asked(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD)
+    state = _state_of(path)
+    state["applications"].append({**state["applications"][0], "name": "old", "linked_models": []})
+    plan = make_plan(read_desired_state(path), state)
+    assert plan.empty and "--prune deletes them): application old" in plan.notes[0]
+    pruned = make_plan(read_desired_state(path), state, prune=True)
+    assert [(s.op, s.args["name"]) for s in pruned.steps] == [("delete_app", "old")]
+
+
+def test_links_to_unknown_models_and_mismatched_types_are_problems(tmp_path: Path) -> None:
+    text = GOOD.replace("models: [adder]", "models: [nobody]")
+    with pytest.raises(DocumentError) as e:
+        make_plan(read_desired_state(_write(tmp_path, text)), _empty_state())
+    assert "applications[0].models[0]: no model 'nobody'" in str(e.value)
+    text = GOOD.replace("doubles\n    versions", "ints\n    versions")
+    with pytest.raises(DocumentError) as e:
+        make_plan(read_desired_state(_write(tmp_path, text)), _empty_state())
+    assert "model adder takes integers but application sums takes doubles" in str(e.value)
+
+
+def test_the_serving_version_is_deployed_last(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        "        replicas: 2\n",
+        "        replicas: 2\n      - version: 2\n        artifact: adder\n    current: '1'\n",
+    )
+    plan = make_plan(read_desired_state(_write(tmp_path, text)), _empty_state())
+    deploys = [s.args["spec"].version for s in plan.steps if s.op == "deploy"]
+    assert deploys == ["2", "1"]
+    assert not any(s.op == "set_version" for s in plan.steps)
+
+
+def test_export_document_reads_back_as_the_same_state(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD)
+    state = _state_of(path)
+    doc = to_document(state)
+    assert doc["applications"][0] == {
+        "name": "sums", "input_type": "doubles", "default_output": "-1", "slo_micros": 20000,
+        "models": ["adder"],
+    }  # fmt: skip
+    assert doc["models"][0]["versions"][0]["artifact"] == "artifacts/adder/1"
+
+
+def test_digests_ignore_times_and_pycache_and_archives_are_reproducible(tmp_path: Path) -> None:
+    art = tmp_path / "a"
+    (art / "modules" / "__pycache__").mkdir(parents=True)
+    (art / "func.pkl").write_bytes(b"x")
+    before = content_digest(art)
+    (art / "modules" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"compiled")
+    assert content_digest(art) == before
+    one = archive(art, max_bytes=1000)
+    (art / "func.pkl").touch()
+    assert archive(art, max_bytes=1000) == one
+    (art / "func.pkl").write_bytes(b"y")
+    assert content_digest(art) != before
+    single = tmp_path / "s"
+    single.mkdir()
+    (single / "model.pkl").write_bytes(b"pickle")
+    assert served_path(single) == single / "model.pkl"
+    assert content_digest(single) == content_digest(single / "model.pkl")
+
+
+def test_a_new_version_that_does_not_serve_is_deployed_then_traffic_goes_back(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path, GOOD)
+    state = _state_of(path)
+    text = GOOD.replace(
+        "        replicas: 2\n",
+        "        replicas: 2\n      - version: 2\n        artifact: adder\n    current: '1'\n",
+    )
+    plan = make_plan(read_desired_state(_write(tmp_path, text)), state)
+    assert [(s.op, s.args.get("version")) for s in plan.steps] == [
+        ("deploy", None),
+        ("set_version", "1"),
+    ]
+    assert any("switches traffic to it until adder:1 is set back" in n for n in plan.notes)
+
+
+def test_the_example_in_the_docs_is_a_valid_file(tmp_path: Path) -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+    example = docs.read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "models" / "logreg-2").mkdir(parents=True)
+    for name in ("logreg-1.joblib", "forest.pkl", "logreg-2/model.pkl"):
+        (tmp_path / "models" / name).write_bytes(b"x")
+    path = tmp_path / "clipper.yaml"
+    path.write_text(example)
+    plan = make_plan(read_desired_state(path), _empty_state())
+    assert plan.counts() == {"create": 8, "change": 0, "delete": 0}, plan.render()
