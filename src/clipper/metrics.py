@@ -4,11 +4,13 @@ process in tests). Children are looked up once per app/model/replica, never per 
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "histogram_quantile"]
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -172,3 +174,23 @@ def _label_values(metric: Any, label: str, **match: str) -> set[str]:
             if label in labels and all(labels.get(k) == v for k, v in match.items()):
                 out.add(labels[label])
     return out
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The ``q``-quantile of a cumulative histogram, ``[(upper bound, observations <= it)]``
+    sorted by bound, interpolated inside its bucket as Prometheus's ``histogram_quantile``
+    does (a rank in the ``+Inf`` bucket reads as the largest finite bound); None with no
+    observations."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            if count == below:
+                return upper
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower

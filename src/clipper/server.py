@@ -28,6 +28,7 @@ from clipper.cache import PredictionCache
 from clipper.choices import Overload
 from clipper.clock import Clock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
+from clipper.dashboard import Dashboard
 from clipper.deployers import package
 from clipper.errors import ClipperError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
@@ -189,11 +190,22 @@ class Clipper:
             max_upload_unpacked_bytes=config.max_upload_unpacked_bytes,
             max_upload_files=config.max_upload_files,
         )
+        self.dashboard: Dashboard | None = None
+        if config.dashboard_sample_s > 0:
+            selection = self.processor.selection
+            self.dashboard = Dashboard(
+                clock=self.clock, metrics=self.metrics, registry=self.registry,
+                schedulers=self.schedulers, manager=self.manager,
+                selection=selection.current if selection is not None else lambda _: None,
+                interval_s=config.dashboard_sample_s, history_s=config.dashboard_history_s,
+                max_clients=config.dashboard_max_clients,
+                token_required=config.admin_token is not None,
+            )  # fmt: skip
         self.admin_http = HttpServer(
-            AdminRoutes(self.admin, config.admin_token), host=config.admin_host,
+            AdminRoutes(self.admin, config.admin_token, self.dashboard), host=config.admin_host,
             port=config.admin_port,
             max_body_bytes=config.max_body_bytes,
-            limits=HttpLimits.admin_port(config), clock=self.clock,
+            limits=HttpLimits.admin_port(config), clock=self.clock, streaming=True,
         )  # fmt: skip
         self.grpc: V2GrpcServer | NativeGrpcServer | None = None
         if config.grpc_port is not None:
@@ -245,6 +257,9 @@ class Clipper:
             stack.callback(self.loop_lag.stop)
             await self.http.start()
             stack.push_async_callback(self.http.stop)
+            if self.dashboard is not None:
+                self.dashboard.start()
+                stack.push_async_callback(self.dashboard.stop)
             await self.admin_http.start()
             stack.push_async_callback(self.admin_http.stop)
             if self.grpc is not None:

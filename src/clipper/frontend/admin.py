@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import math
 import shutil
 import tarfile
 from collections.abc import Callable, Coroutine
@@ -63,7 +62,7 @@ from clipper.frontend.admin_fields import (
 from clipper.frontend.http import Respond
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager
-from clipper.metrics import Metrics
+from clipper.metrics import Metrics, histogram_quantile
 from clipper.registry import Application, ModelVersion, Registry, check_name
 from clipper.store.base import StoreError
 
@@ -91,25 +90,6 @@ class _Staged:
     artifact: str
     num_replicas: int
     batching: BatchingConfig | None
-
-
-def _histogram_p50(buckets: list[tuple[float, float]]) -> float | None:
-    """The median of a cumulative histogram, interpolated inside its bucket as Prometheus's
-    ``histogram_quantile(0.5, ...)`` does; None with no observations."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    total = buckets[-1][1]
-    rank = total / 2
-    lower, below = 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            if math.isinf(upper):
-                return lower
-            if count == below:
-                return upper
-            return lower + (upper - lower) * (rank - below) / (count - below)
-        lower, below = upper, count
-    return lower
 
 
 class AdminApi:
@@ -735,7 +715,7 @@ class AdminApi:
                 cumulative.setdefault(key, []).append((float(s.labels["le"]), s.value))
         out = {}
         for key, buckets in cumulative.items():
-            median = _histogram_p50(sorted(buckets))
+            median = histogram_quantile(0.5, sorted(buckets))
             if median is not None:
                 out[key] = median
         return out
