@@ -23,12 +23,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clipper.dashboard.history import History, Value
 from clipper.dashboard.state import PolicyWeights, runtime_state
-from clipper.metrics import Metrics, histogram_quantile
+from clipper.metrics import (
+    HistogramValue,
+    Labels,
+    Metrics,
+    counter_values,
+    histogram_quantile,
+    histogram_values,
+)
 
 if TYPE_CHECKING:
     from clipper.batching.scheduler import ModelScheduler
@@ -41,40 +47,8 @@ __all__ = ["Sampler"]
 
 log = logging.getLogger("clipper.dashboard")
 
-Labels = tuple[str, ...]
 
-
-@dataclass(slots=True)
-class _Histogram:
-    buckets: list[tuple[float, float]] = field(default_factory=list)  # (le, cumulative)
-    total: float = 0.0  # the _sum
-    count: float = 0.0
-
-
-def _counters(metric: Any) -> dict[Labels, float]:
-    out: dict[Labels, float] = {}
-    for family in metric.collect():
-        for s in family.samples:
-            if s.name.endswith("_total"):
-                out[tuple(s.labels.values())] = s.value
-    return out
-
-
-def _histograms(metric: Any) -> dict[Labels, _Histogram]:
-    out: dict[Labels, _Histogram] = {}
-    for family in metric.collect():
-        for s in family.samples:
-            key = tuple(v for k, v in s.labels.items() if k != "le")
-            h = out.get(key)
-            if h is None:
-                h = out[key] = _Histogram()
-            if s.name.endswith("_bucket"):
-                h.buckets.append((float(s.labels["le"]), s.value))
-            elif s.name.endswith("_sum"):
-                h.total = s.value
-            elif s.name.endswith("_count"):
-                h.count = s.value
-    return out
+_NOTHING = HistogramValue([], 0.0, 0.0)  # a histogram series that gained nothing
 
 
 class _Deltas:
@@ -85,38 +59,38 @@ class _Deltas:
     __slots__ = ("_counts", "_hists")
 
     def __init__(self) -> None:
-        self._counts: dict[tuple[str, Labels], float] = {}
-        self._hists: dict[tuple[str, Labels], _Histogram] = {}
+        self._counts: dict[str, dict[Labels, float]] = {}
+        self._hists: dict[str, dict[Labels, HistogramValue]] = {}
 
-    def counters(self, name: str, now: dict[Labels, float]) -> dict[Labels, float]:
+    def counters(self, name: str, metric: Any) -> dict[Labels, float]:
+        held = self._counts.get(name, {})
+        self._counts[name] = now = counter_values(metric)
         out = {}
         for labels, value in now.items():
-            before = self._counts.get((name, labels), 0.0)
+            before = held.get(labels, 0.0)
             out[labels] = value - before if value >= before else value
-        self._keep(self._counts, name, now)
-        self._counts.update(((name, k), v) for k, v in now.items())
         return out
 
-    def histograms(self, name: str, now: dict[Labels, _Histogram]) -> dict[Labels, _Histogram]:
+    def histograms(self, name: str, metric: Any) -> dict[Labels, HistogramValue]:
+        held = self._hists.get(name, {})
+        self._hists[name] = now = histogram_values(metric, held)
         out = {}
         for labels, h in now.items():
-            before = self._hists.get((name, labels))
-            if before is None or h.count < before.count or len(before.buckets) != len(h.buckets):
+            before = held.get(labels)
+            if before is h:  # not moved: not read again
+                out[labels] = _NOTHING
+            elif before is None or h.count < before.count or len(before.buckets) != len(h.buckets):
                 out[labels] = h
-                continue
-            out[labels] = _Histogram(
-                [(le, c - b) for (le, c), (_, b) in zip(h.buckets, before.buckets, strict=True)],
-                h.total - before.total,
-                h.count - before.count,
-            )
-        self._keep(self._hists, name, now)
-        self._hists.update(((name, k), v) for k, v in now.items())
+            else:
+                out[labels] = HistogramValue(
+                    [
+                        (le, c - b)
+                        for (le, c), (_, b) in zip(h.buckets, before.buckets, strict=True)
+                    ],
+                    h.total - before.total,
+                    h.count - before.count,
+                )
         return out
-
-    @staticmethod
-    def _keep(held: dict[tuple[str, Labels], Any], name: str, now: Mapping[Labels, Any]) -> None:
-        for key in [k for k in held if k[0] == name and k[1] not in now]:
-            del held[key]
 
 
 def _r(x: float, digits: int = 3) -> float:
@@ -201,13 +175,13 @@ class Sampler:
 
     def _collect(self, dt: float) -> dict[str, Value]:
         m, d = self.metrics, self._deltas
-        requests = d.counters("requests", _counters(m.requests))
-        latency = d.histograms("latency", _histograms(m.latency))
-        defaults = d.counters("defaults", _counters(m.defaults))
-        batches = d.histograms("batch", _histograms(m.batch_size))
-        hits = d.counters("hits", _counters(m.cache_hits))
-        misses = d.counters("misses", _counters(m.cache_misses))
-        errors = d.counters("errors", _counters(m.model_errors))
+        requests = d.counters("requests", m.requests)
+        latency = d.histograms("latency", m.latency)
+        defaults = d.counters("defaults", m.defaults)
+        batches = d.histograms("batch", m.batch_size)
+        hits = d.counters("hits", m.cache_hits)
+        misses = d.counters("misses", m.cache_misses)
+        errors = d.counters("errors", m.model_errors)
         out: dict[str, Value] = {}
         registry = self.registry
         for name, app in registry.apps.items():

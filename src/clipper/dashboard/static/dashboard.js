@@ -163,6 +163,10 @@
     return td;
   }
 
+  function fixed(v, digits) {
+    return v === null ? null : Number(v).toFixed(digits);
+  }
+
   function latest(key) {
     const ring = data.series.get(key);
     if (!ring) return null;
@@ -186,9 +190,9 @@
       cell(tr, a.slo_ms + " ms", "num");
       cell(tr, a.policy);
       cell(tr, a.models.join(", "));
-      cell(tr, latest(`app/${a.name}/qps`), "num");
+      cell(tr, fixed(latest(`app/${a.name}/qps`), 1), "num");
       const p99 = latest(`app/${a.name}/p99_ms`);
-      cell(tr, p99 === null ? null : p99 + " ms", "num");
+      cell(tr, p99 === null ? null : fixed(p99, 2) + " ms", "num");
       return tr;
     }));
     fill("models", st.models.map((m) => {
@@ -241,7 +245,7 @@
     return data.t.map((t) => Math.round((t - last) * 10) / 10);
   }
 
-  function draw(div, title, traces, yaxis) {
+  function draw(div, title, traces, yaxis, legend) {
     const span = data.capacity * data.interval;
     const layout = {
       title: { text: title, font: { size: 13 }, x: 0.02 },
@@ -250,7 +254,7 @@
       xaxis: { range: [-span, 0], ticksuffix: " s", zeroline: false },
       yaxis: Object.assign({ rangemode: "tozero" }, yaxis || {}),
       legend: { orientation: "h", y: -0.18, font: { size: 10 } },
-      showlegend: traces.length > 1,
+      showlegend: legend === true || traces.length > 1,
       uirevision: "keep",
       font: { size: 11 },
     };
@@ -290,7 +294,8 @@
     draw($("plot-qps"), "Throughput (queries/s)",
       lines(matching(/^app\/(.+)\/qps$/), (s) => s.parts[0]));
     draw($("plot-defaults"), "Default outputs by reason (/s)",
-      lines(matching(/^app\/(.+)\/defaults\/(.+)$/), (s) => `${s.parts[0]}: ${s.parts[1]}`));
+      lines(matching(/^app\/(.+)\/defaults\/(.+)$/), (s) => `${s.parts[0]}: ${s.parts[1]}`),
+      null, true);
     const apps = (data.state ? data.state.apps : []).map((a) => a.name);
     perApp("plots-latency", "plot-latency-", apps, (div, app) => {
       const get = (k) => data.series.get(`app/${app}/${k}`) || [];
