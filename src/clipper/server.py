@@ -283,6 +283,8 @@ class Clipper:
             self.http.port,
             self.rpc.address,
         )
+        if self.dashboard is not None:
+            log.info("dashboard on %s/dashboard", self.admin_url)
 
     async def stop(self) -> None:
         stack, self._stack = self._stack, None

@@ -107,7 +107,7 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
     started = time.monotonic()
     async with Clipper(
         query_port=0, rpc_port=0, admin_port=0, admin_token=TOKEN,
-        dashboard_sample_s=SAMPLE_S, dashboard_history_s=30.0,
+        dashboard_sample_s=SAMPLE_S, dashboard_history_s=45.0,
     ) as c:  # fmt: skip
         await c.deploy_model("summer", "1", models.row_sums, input_type="doubles", num_replicas=2)
         await c.deploy_model("right", "1", models.label_of, input_type="doubles")
@@ -186,8 +186,13 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                         name for name, _ in drawn
                     }
 
-                    shot = os.environ.get("CLIPPER_DASHBOARD_SCREENSHOT") or tmp_path / "d.png"
-                    png = await page.screenshot(path=str(shot), full_page=True)
+                    shot = os.environ.get("CLIPPER_DASHBOARD_SCREENSHOT")
+                    if shot:  # for the docs: let the load fill more of the plots first
+                        await wait_for(
+                            lambda: _gt(samples(), n0 + 100), limit_s=60, what="100 samples"
+                        )
+                    shot = shot or str(tmp_path / "dashboard.png")
+                    png = await page.screenshot(path=shot, full_page=True)
                     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
                     # Kill one replica of summer; its pid comes from the admin API.
