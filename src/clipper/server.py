@@ -257,11 +257,13 @@ class Clipper:
             stack.callback(self.loop_lag.stop)
             await self.http.start()
             stack.push_async_callback(self.http.stop)
-            if self.dashboard is not None:
-                self.dashboard.start()
-                stack.push_async_callback(self.dashboard.stop)
             await self.admin_http.start()
             stack.push_async_callback(self.admin_http.stop)
+            if self.dashboard is not None:
+                # Stopped before the admin port: its streams are cut at once, not flushed to a
+                # client that may have stopped reading.
+                self.dashboard.start()
+                stack.push_async_callback(self.dashboard.stop)
             if self.grpc is not None:
                 await self.grpc.start()
                 stack.push_async_callback(self.grpc.stop)

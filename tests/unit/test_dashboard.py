@@ -12,10 +12,12 @@ import pytest
 
 from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.clock import FakeClock
+from clipper.dashboard.events import EventHub, encode_event
 from clipper.dashboard.history import History
 from clipper.dashboard.sampler import Sampler
 from clipper.dashboard.state import PolicyWeights, policy_weights, runtime_state
 from clipper.errors import ConfigError
+from clipper.frontend.http import Stream
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager
 from clipper.managers.local import ReplicaProcess
@@ -320,3 +322,51 @@ def test_policy_weights_cache_is_dropped_with_the_application() -> None:
     assert weights.weights(_app("one"), ["a"]) is None
     weights.forget(set())
     assert weights.weights(app, []) is None
+
+
+# -- the hub -----------------------------------------------------------------------------------
+
+
+class FakeStream:
+    def __init__(self, buffered: int = 0, closed: bool = False) -> None:
+        self.buffered = buffered
+        self.closed = closed
+        self.written: list[bytes] = []
+        self.aborted = False
+        self.on_close: Any = None
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_the_hub_writes_each_event_once_per_client_and_drops_the_slow() -> None:
+    hub = EventHub(max_clients=3, max_buffer_bytes=100)
+    fast, slow, gone = FakeStream(), FakeStream(), FakeStream(closed=True)
+    for s in (fast, slow, gone):
+        hub.attach(cast(Stream, s), b"snap")
+    assert len(hub) == 2 and gone.written == []  # left before its stream opened
+    assert not hub.full
+    hub.publish(b"one")
+    slow.buffered = 101  # has not taken what it was sent
+    hub.publish(b"two")
+    assert fast.written == [b"snap", b"one", b"two"]
+    assert slow.written == [b"snap", b"one"] and slow.aborted
+    assert hub.dropped == 1 and len(hub) == 1
+    fast.on_close()  # the connection went away
+    assert len(hub) == 0
+
+
+def test_a_closed_hub_cuts_its_streams_and_any_later_one() -> None:
+    hub = EventHub(max_clients=1, max_buffer_bytes=100)
+    first = FakeStream()
+    hub.attach(cast(Stream, first), b"snap")
+    assert hub.full
+    hub.close_all()
+    assert first.aborted and hub.closed and len(hub) == 0
+    late = FakeStream()
+    hub.attach(cast(Stream, late), b"snap")
+    assert late.aborted and late.written == [] and len(hub) == 0
+    assert encode_event("sample", {"a": [1, None]}) == b'event: sample\ndata: {"a":[1,null]}\n\n'

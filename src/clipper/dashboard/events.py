@@ -30,7 +30,7 @@ def encode_event(name: str, doc: Any) -> bytes:
 
 
 class EventHub:
-    __slots__ = ("_clients", "dropped", "max_buffer_bytes", "max_clients", "refused")
+    __slots__ = ("_clients", "_closed", "dropped", "max_buffer_bytes", "max_clients", "refused")
 
     def __init__(self, *, max_clients: int, max_buffer_bytes: int) -> None:
         self.max_clients = max_clients
@@ -38,9 +38,15 @@ class EventHub:
         self._clients: set[Stream] = set()
         self.dropped = 0  # clients closed for falling behind
         self.refused = 0  # streams refused beyond max_clients
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._clients)
+
+    @property
+    def closed(self) -> bool:
+        """Closed by :meth:`close_all`: the frontend is stopping."""
+        return self._closed
 
     @property
     def full(self) -> bool:
@@ -50,6 +56,9 @@ class EventHub:
         """Follow ``stream`` from now on, after writing ``first`` (its snapshot) to it."""
         if stream.closed:
             return  # the client left before its stream opened
+        if self._closed:
+            stream.abort()  # the frontend is stopping
+            return
         self._clients.add(stream)
         stream.on_close = lambda: self._clients.discard(stream)
         stream.write(first)
@@ -69,6 +78,8 @@ class EventHub:
             stream.write(data)
 
     def close_all(self) -> None:
+        """Cut every stream now (the frontend is stopping), and any opened later."""
+        self._closed = True
         for stream in list(self._clients):
-            stream.close()
+            stream.abort()
         self._clients.clear()

@@ -192,6 +192,9 @@ class Dashboard:
         if not isinstance(respond, StreamingRespond):
             respond(501, _error("Not Implemented", "this server cannot stream"), JSON)
             return
+        if self.hub.closed:
+            respond(503, _error("Service Unavailable", "the frontend is stopping"), JSON)
+            return
         if self.hub.full:
             self.hub.refused += 1
             respond(503, _error("Service Unavailable", (
