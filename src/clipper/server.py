@@ -497,8 +497,13 @@ class Clipper:
             metrics=self.metrics,
             queue_capacity=self.config.queue_capacity,
         )
-        sched.on_replicas_changed = self.control.replicas_changed
+        sched.on_replicas_changed = self._replicas_changed
         return sched
+
+    def _replicas_changed(self, sched: ModelScheduler) -> None:
+        self.control.replicas_changed(sched)
+        if self.dashboard is not None:
+            self.dashboard.replicas_changed()
 
     def _disconnect(self, sched: ModelScheduler) -> None:
         for replica in list(sched.replicas):

@@ -1,7 +1,7 @@
 """The dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright with
 ``executable_path``: no browser is downloaded).
 
-One frontend with an admin token, three models and two applications under load: the page loads
+One frontend with an admin token, three models and three applications under load: the page loads
 with no console error, asks for the token, then its plots move (the throughput plot gains points
 and its line is redrawn); a replica killed with SIGKILL (its pid read from the admin API) shows
 as ``restarting`` and then ``ready`` again in the replicas table. A screenshot is taken under
@@ -78,6 +78,9 @@ async def load(c: Clipper, stop_after_s: float = 120.0) -> AsyncIterator[dict[st
                 await post_json(f"{c.query_url}/sums/predict", {"input": [x, 1.0]})
                 await post_json(f"{c.query_url}/pick/predict", {"input": [x]})
                 counts["queries"] += 2
+                if rng.random() < 0.1:  # an application with no model: a default, always
+                    await post_json(f"{c.query_url}/lonely/predict", {"input": [x]})
+                    counts["queries"] += 1
                 if rng.random() < 0.3:
                     await post_json(f"{c.query_url}/pick/update", {"input": [x], "label": int(x)})
                     counts["feedback"] += 1
@@ -117,6 +120,7 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
         await c.register_application("pick", "doubles", "-1", 50_000, policy="exp3")
         await c.link_model_to_app("pick", "right")
         await c.link_model_to_app("pick", "wrong")
+        await c.register_application("lonely", "doubles", "-1", 20_000)  # linked to nothing
         deployed = time.monotonic()
         # The data needs the token; the page does not (a browser cannot send one on load).
         assert (await request(f"{c.admin_url}/dashboard/events")).status == 401
@@ -182,6 +186,10 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                     )
                     empty = [name for name, n in drawn if n == 0]
                     assert not empty, f"plots with no data under load: {empty}"
+                    reasons = await page.evaluate(
+                        "() => document.getElementById('plot-defaults').data.map((t) => t.name)"
+                    )
+                    assert "lonely: no_model" in reasons
                     assert {"plot-latency-sums", "plot-latency-pick", "plot-weights-pick"} <= {
                         name for name, _ in drawn
                     }
@@ -198,26 +206,54 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                     # Kill one replica of summer; its pid comes from the admin API.
                     replicas = await _admin(c, "get_replicas", {"model_name": "summer"})
                     victim = next(r["pid"] for r in replicas if r["pid"])
-                    row = page.locator("#replicas tbody tr", has_text=str(victim))
-                    slot = await row.get_attribute("data-slot")
-                    assert slot is not None and slot != ""
-                    cell = f'#replicas tr[data-model="summer"][data-slot="{slot}"]'
+                    slot = await page.evaluate(
+                        """(pid) => {
+                          const rows = [...document.querySelectorAll('#replicas tbody tr')];
+                          const tr = rows.find((r) => r.cells[3].textContent === String(pid));
+                          return tr ? tr.dataset.slot : null;
+                        }""",
+                        victim,
+                    )
+                    assert slot, f"no row of the dashboard shows pid {victim}"
+                    row = f'tr[data-model="summer"][data-slot="{slot}"]'
+                    cell = f"#replicas {row}"
+                    # Every state the page shows for that row, as the page shows it (polling
+                    # from here could miss a short one while the renderer is busy drawing).
+                    # Each rendering of the table adds new rows: the observer gets every one,
+                    # even when two renderings fall in one task.
+                    await page.evaluate(
+                        """(sel) => {
+                          const seen = window.shownStates = [];
+                          const note = (row) => {
+                            const s = row.dataset.state;
+                            if (s && seen[seen.length - 1] !== s) seen.push(s);
+                          };
+                          const body = document.querySelector('#replicas tbody');
+                          new MutationObserver((records) => {
+                            for (const r of records) for (const n of r.addedNodes) {
+                              if (n.nodeType === 1 && n.matches(sel)) note(n);
+                            }
+                          }).observe(body, {childList: true});
+                          const now = body.querySelector(sel);
+                          if (now) note(now);
+                        }""",
+                        row,
+                    )
                     os.kill(victim, signal.SIGKILL)
                     killed = time.monotonic()
                     seen: list[str] = []
 
-                    async def state_is(want: str) -> bool:
-                        state: str | None = await page.get_attribute(cell, "data-state")
-                        if state is not None and (not seen or seen[-1] != state):
-                            seen.append(state)
-                        return state == want
+                    async def shown(*states: str) -> bool:
+                        seen[:] = await page.evaluate("() => window.shownStates")
+                        it = iter(seen)
+                        return all(s in it for s in states)  # in this order
 
                     await wait_for(
-                        lambda: state_is("restarting"), limit_s=10, interval=0.02,
+                        lambda: shown("restarting"), limit_s=15, interval=0.05,
                         what="the killed replica to show as restarting",
                     )  # fmt: skip
                     await wait_for(
-                        lambda: state_is("ready"), limit_s=30, interval=0.05,
+                        lambda: shown("restarting", "ready"), limit_s=30, interval=0.05,
                         what="the restarted replica to show as ready",
                     )  # fmt: skip
                     recovered = time.monotonic()

@@ -310,3 +310,18 @@ async def test_stopping_closes_every_stream(served: Served) -> None:
     assert orjson.loads(await late.body())["cause"] == "the frontend is stopping"
     assert len(served.dashboard.hub) == 0
     late.close()
+
+
+async def test_a_replica_change_is_pushed_at_once_not_at_the_next_sample(served: Served) -> None:
+    c = await _open(served.port, "/dashboard/events", AUTH)
+    assert (await c.event())[0] == "snapshot"
+    served.registry.apps["a"] = Application("a", InputType.DOUBLES, "-1", 10_000)
+    for _ in range(3):  # several changes in one loop turn: one event
+        served.dashboard.replicas_changed()
+    served.clock.advance(0.0)  # the next turn, well before the next sample
+    name, doc = await c.event()
+    assert name == "state"
+    assert doc["state"]["apps"][0]["name"] == "a"
+    served.clock.advance(1.0)
+    assert (await c.event())[0] == "sample"  # nothing else came between
+    c.close()

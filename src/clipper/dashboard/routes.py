@@ -5,7 +5,8 @@
   ``/dashboard/auth``: whether a token is needed. These hold no data, and a browser cannot send
   a bearer token when it loads a page: they are served without one.
 * ``GET /dashboard/events``: the live data, as server-sent events (a ``snapshot`` of the whole
-  history first, then a ``sample`` per interval); ``GET /dashboard/state``: the snapshot as one
+  history first, then a ``sample`` per interval, and a ``state`` as soon as a replica connects
+  or leaves); ``GET /dashboard/state``: the snapshot as one
   JSON document. Both need the admin API's bearer token when one is configured: the page asks
   for it, keeps it in the tab's ``sessionStorage`` and sends it in an ``Authorization`` header
   (it reads the stream with ``fetch``, not ``EventSource``, which cannot send headers), so the
@@ -35,7 +36,7 @@ from clipper.frontend.http import JSON, Respond, StreamingRespond
 
 if TYPE_CHECKING:
     from clipper.batching.scheduler import ModelScheduler
-    from clipper.clock import Clock
+    from clipper.clock import Clock, TimerHandle
     from clipper.frontend.ensemble import Selection
     from clipper.managers.base import ContainerManager
     from clipper.metrics import Metrics
@@ -115,6 +116,7 @@ class Dashboard:
         self._assets: Assets | None = None
         self._loading: asyncio.Task[None] | None = None
         self._waiting: list[tuple[str, Mapping[bytes, bytes], Respond]] = []
+        self._state_push: TimerHandle | None = None
 
     def start(self) -> None:
         self.sampler.start()
@@ -122,6 +124,9 @@ class Dashboard:
     async def stop(self) -> None:
         """Stop sampling, close every stream, and wait for an asset load under way."""
         self.sampler.stop()
+        if self._state_push is not None:
+            self._state_push.cancel()
+            self._state_push = None
         self.hub.close_all()
         task, self._loading = self._loading, None
         if task is not None:
@@ -147,6 +152,18 @@ class Dashboard:
     def _publish(self, doc: dict[str, Any]) -> None:
         if len(self.hub):
             self.hub.publish(encode_event("sample", doc))
+
+    def replicas_changed(self) -> None:
+        """A replica connected or left (its process exited, it was stopped): push the state
+        at once, not at the next sample, so that a replica that restarts in less than an
+        interval is still seen restarting. Changes in one loop turn make one event."""
+        if self._state_push is None and not self.hub.closed:
+            self._state_push = self.clock.call_later(0.0, self._push_state)
+
+    def _push_state(self) -> None:
+        self._state_push = None
+        if len(self.hub):
+            self.hub.publish(encode_event("state", {"state": self.sampler.refresh_state()}))
 
     # -- routes ----------------------------------------------------------------------------------
     def route(

@@ -166,12 +166,17 @@ class Sampler:
         self._last = now
         values = self._collect(dt)
         recorded = self.history.append(now, values)
-        self.state = runtime_state(self.registry, self.schedulers, self.manager)
+        self.refresh_state()
         self.samples += 1
         doc = {"t": now, "values": recorded, "state": self.state}
         if self.on_sample is not None:
             self.on_sample(doc)
         return doc
+
+    def refresh_state(self) -> dict[str, Any]:
+        """Read the applications, models and replicas now (also between samples)."""
+        self.state = runtime_state(self.registry, self.schedulers, self.manager)
+        return self.state
 
     def _collect(self, dt: float) -> dict[str, Value]:
         m, d = self.metrics, self._deltas

@@ -9,6 +9,11 @@ connections are answered 503 and closed), header, body and idle keep-alive timeo
 connection is closed), ``Expect: 100-continue`` answered, and exactly one response per request
 (an ``Upgrade`` request gets one 400 and the connection closes). One lazily re-armed timer per
 connection keeps the per-request cost to a few attribute writes.
+
+On a server built with ``streaming=True`` (the admin port) a route may answer with a
+:class:`Stream` instead of a body (the dashboard's server-sent events): a head without a length,
+then writes as they come, until either side closes the connection; such a connection has no
+timeouts and reads no further requests.
 """
 
 from __future__ import annotations
@@ -52,8 +57,8 @@ class Stream:
     :meth:`StreamingRespond.stream`: its head is sent, then whatever :meth:`write` is given,
     until either side closes the connection (the response has no length: it ends with the
     connection). Writes never block: :attr:`buffered` says how much the client has not taken
-    yet, and an owner that finds it too large closes the stream. ``on_close`` runs once when
-    the connection is gone, whoever closed it."""
+    yet, and an owner that finds it too large cuts the stream (:meth:`abort`). ``on_close``
+    runs once when the connection is gone, whoever closed it."""
 
     __slots__ = ("_transport", "closed", "on_close")
 

@@ -118,6 +118,10 @@
     } else if (name === "sample") {
       append(doc.t, doc.values);
       data.state = doc.state;
+    } else if (name === "state") {  // a replica connected or left: tables only
+      data.state = doc.state;
+      renderTables();
+      return;
     } else {
       return;
     }
