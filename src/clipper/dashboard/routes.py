@@ -49,8 +49,9 @@ log = logging.getLogger("clipper.dashboard")
 PREFIX = "/dashboard"
 _EVENTS = b"text/event-stream; charset=utf-8\r\nX-Accel-Buffering: no"
 _HTML = b"text/html; charset=utf-8"
-# Series beyond which a new one is not recorded (docs/dashboard.md): about 12 per application
-# and 5 per model version, so hundreds of each.
+# Series beyond which a new one is not recorded (docs/dashboard.md): an application has 4, plus
+# one per default reason seen and per linked model under a policy; a model version has 5. So
+# hundreds of each fit.
 MAX_SERIES = 4000
 # What one client may hold unsent before it is dropped: several snapshots' worth.
 MAX_CLIENT_BUFFER = 8 * 2**20
