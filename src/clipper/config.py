@@ -256,6 +256,17 @@ class FrontendConfig:
     # What serves that port: our own HTTP/2 on the event loop, or grpc.aio (whose thread hand-off
     # per call capped V2 gRPC at a fraction of V2 REST; docs/benchmarks.md).
     grpc_transport: GrpcTransport = field(default="native", metadata=cli(choice=GRPC_TRANSPORTS))
+    # The live dashboard on the admin port (docs/dashboard.md): one sample of every plotted
+    # series per interval, the last history_s seconds of them kept; 0 turns it off.
+    dashboard_sample_s: float = field(
+        default=1.0, metadata=cli("dashboard sample interval in seconds; 0 turns it off")
+    )
+    dashboard_history_s: float = field(
+        default=300.0, metadata=cli("seconds of samples the dashboard keeps and plots")
+    )
+    dashboard_max_clients: int = field(
+        default=8, metadata=cli("live dashboard streams at once; beyond them: 503")
+    )
 
     def __post_init__(self) -> None:
         if self.admin_host not in _LOOPBACK and not self.admin_token:
@@ -296,6 +307,13 @@ class FrontendConfig:
         ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.dashboard_sample_s < 0 or self.dashboard_max_clients < 1:
+            raise ConfigError("dashboard_sample_s must be >= 0 and dashboard_max_clients >= 1")
+        if self.dashboard_sample_s and self.dashboard_history_s < 2 * self.dashboard_sample_s:
+            raise ConfigError(
+                "dashboard_history_s must hold at least two samples (2 x dashboard_sample_s), "
+                f"got {self.dashboard_history_s}"
+            )
         if self.replica_log_bytes < 1024 or self.deleted_logs_grace_s < 0:
             raise ConfigError("replica_log_bytes must be >= 1024 and deleted_logs_grace_s >= 0")
         if self.max_upload_unpacked_bytes < 1 or self.max_upload_files < 1:

@@ -4,11 +4,21 @@ process in tests). Children are looked up once per app/model/replica, never per 
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["Metrics"]
+__all__ = [
+    "HistogramValue",
+    "Labels",
+    "Metrics",
+    "counter_values",
+    "histogram_quantile",
+    "histogram_values",
+]
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -180,3 +190,107 @@ def _label_values(metric: Any, label: str, **match: str) -> set[str]:
             if label in labels and all(labels.get(k) == v for k, v in match.items()):
                 out.add(labels[label])
     return out
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The ``q``-quantile of a cumulative histogram, ``[(upper bound, observations <= it)]``
+    sorted by bound, interpolated inside its bucket as Prometheus's ``histogram_quantile``
+    does (a rank in the ``+Inf`` bucket reads as the largest finite bound); None with no
+    observations."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            if count == below:
+                return upper
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower
+
+
+Labels = tuple[str, ...]
+"""A series' label values, in the order of the metric's label names."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramValue:
+    """One histogram series now: ``buckets`` are ``(upper bound, observations <= it)``,
+    cumulative and sorted as Prometheus reports them; ``total`` is the sum observed."""
+
+    buckets: list[tuple[float, float]]
+    total: float
+    count: float
+
+
+# Reading a series through collect() formats every bucket bound as text and builds a sample
+# object per bucket (~20 us per histogram series): too slow to read every series every second.
+# The readers below take the values from the metric's children directly (prometheus_client's
+# layout since 0.4: ``_metrics`` maps label values to children; a counter child's ``_value``,
+# a histogram child's ``_upper_bounds``, per-bucket ``_buckets`` and ``_sum``), and fall back
+# to collect() where that layout is not there. tests/unit/test_metrics_read.py holds both to
+# the same answer.
+
+
+def counter_values(metric: Any) -> dict[Labels, float]:
+    """Each series of a labelled counter: label values -> count."""
+    children = _children(metric)
+    if children is not None and all(hasattr(c, "_value") for _, c in children):
+        return {labels: c._value.get() for labels, c in children}
+    out: dict[Labels, float] = {}
+    for family in metric.collect():
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                out[tuple(s.labels.values())] = s.value
+    return out
+
+
+def histogram_values(
+    metric: Any, previous: Mapping[Labels, HistogramValue] | None = None
+) -> dict[Labels, HistogramValue]:
+    """Each series of a labelled histogram: label values -> its buckets, sum and count.
+
+    With ``previous`` (what an earlier call returned), a series whose sum has not moved is
+    not read again: its previous value is returned. That holds for histograms of positive
+    observations, as all of ours are (latencies, batch sizes); it makes idle series cost a
+    lookup."""
+    children = _children(metric)
+    if children is not None and all(
+        hasattr(c, "_buckets") and hasattr(c, "_upper_bounds") and hasattr(c, "_sum")
+        for _, c in children
+    ):
+        out: dict[Labels, HistogramValue] = {}
+        for labels, c in children:
+            total = c._sum.get()
+            before = previous.get(labels) if previous is not None else None
+            if before is not None and before.total == total:
+                out[labels] = before
+                continue
+            acc, buckets = 0.0, []
+            for bound, bucket in zip(c._upper_bounds, c._buckets, strict=True):
+                acc += bucket.get()
+                buckets.append((float(bound), acc))
+            out[labels] = HistogramValue(buckets, total, acc)
+        return out
+    parts: dict[Labels, tuple[list[tuple[float, float]], list[float]]] = {}
+    for family in metric.collect():
+        for s in family.samples:
+            key = tuple(v for k, v in s.labels.items() if k != "le")
+            buckets, total = parts.setdefault(key, ([], [0.0]))
+            if s.name.endswith("_bucket"):
+                buckets.append((float(s.labels["le"]), s.value))
+            elif s.name.endswith("_sum"):
+                total[0] = s.value
+    return {k: HistogramValue(b, t[0], b[-1][1] if b else 0.0) for k, (b, t) in parts.items()}
+
+
+def _children(metric: Any) -> list[tuple[Labels, Any]] | None:
+    children = getattr(metric, "_metrics", None)
+    lock = getattr(metric, "_lock", None)
+    if not isinstance(children, dict) or lock is None:
+        return None
+    with lock:  # observations elsewhere may add a series meanwhile (the RPC auth thread)
+        return list(children.items())

@@ -16,31 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clipper.clock import Clock, TimerHandle
-from clipper.metrics import Metrics
+from clipper.metrics import Metrics, counter_values, histogram_quantile, histogram_values
 
-__all__ = ["MetricsWindow", "histogram_quantile"]
+__all__ = ["MetricsWindow"]
 
 # The default reasons that are failures rather than a deadline or a policy's choice.
 ERROR_REASONS = frozenset({"model_error", "error"})
-
-
-def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
-    """The ``q`` quantile of a cumulative histogram (``(upper bound, count)`` in bound order),
-    interpolated inside its bucket as Prometheus's ``histogram_quantile`` does; None with no
-    observations. In the last (infinite) bucket it answers that bucket's lower bound."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            if math.isinf(upper):
-                return lower
-            if count == below:
-                return upper
-            return lower + (upper - lower) * (rank - below) / (count - below)
-        lower, below = upper, count
-    return lower
 
 
 @dataclass(slots=True)
@@ -96,8 +77,8 @@ class MetricsWindow:
             apps.setdefault(app, _AppSample()).requests = value
         for (app, reason), value in counter_values(m.defaults).items():
             apps.setdefault(app, _AppSample()).defaults[reason] = value
-        for (app,), buckets in histogram_buckets(m.latency).items():
-            apps.setdefault(app, _AppSample()).latency = dict(buckets)
+        for (app,), h in histogram_values(m.latency).items():
+            apps.setdefault(app, _AppSample()).latency = dict(h.buckets)
         return _Sample(self.clock.now(), apps, counter_values(m.model_errors))
 
     def _oldest(self, now: float) -> _Sample | None:
@@ -159,42 +140,6 @@ class MetricsWindow:
 # values directly (prometheus_client's layout: ``_metrics`` maps label values to children; a
 # counter child's ``_value``, a histogram child's ``_upper_bounds`` and per-bucket ``_buckets``)
 # and fall back to collect() where that layout is not there.
-def counter_values(metric: Any) -> dict[tuple[str, ...], float]:
-    """Each series of a labelled counter: its label values -> its count."""
-    children = getattr(metric, "_metrics", None)
-    if isinstance(children, dict) and all(hasattr(c, "_value") for c in children.values()):
-        return {tuple(k): c._value.get() for k, c in list(children.items())}
-    out: dict[tuple[str, ...], float] = {}
-    for family in metric.collect():
-        for s in family.samples:
-            if s.name.endswith("_total"):
-                out[tuple(s.labels.values())] = s.value
-    return out
-
-
-def histogram_buckets(metric: Any) -> dict[tuple[str, ...], list[tuple[float, float]]]:
-    """Each series of a labelled histogram: its label values -> its cumulative buckets."""
-    children = getattr(metric, "_metrics", None)
-    if isinstance(children, dict) and all(
-        hasattr(c, "_buckets") and hasattr(c, "_upper_bounds") for c in children.values()
-    ):
-        out: dict[tuple[str, ...], list[tuple[float, float]]] = {}
-        for key, c in list(children.items()):
-            acc, buckets = 0.0, []
-            for bound, bucket in zip(c._upper_bounds, c._buckets, strict=True):
-                acc += bucket.get()
-                buckets.append((float(bound), acc))
-            out[tuple(key)] = buckets
-        return out
-    slow: dict[tuple[str, ...], list[tuple[float, float]]] = {}
-    for family in metric.collect():
-        for s in family.samples:
-            if s.name.endswith("_bucket"):
-                key = tuple(v for k, v in s.labels.items() if k != "le")
-                slow.setdefault(key, []).append((float(s.labels["le"]), s.value))
-    return {k: sorted(v) for k, v in slow.items()}
-
-
 def _rate(count: float, span: float) -> float | None:
     return round(count / span, 3) if span > 0 else None
 

@@ -28,6 +28,7 @@ from clipper.cache import PredictionCache
 from clipper.choices import Overload
 from clipper.clock import Clock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
+from clipper.dashboard import Dashboard
 from clipper.deployers import package
 from clipper.errors import ClipperError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
@@ -200,11 +201,22 @@ class Clipper:
             max_upload_files=config.max_upload_files,
             window=self.metrics_window,
         )
+        self.dashboard: Dashboard | None = None
+        if config.dashboard_sample_s > 0:
+            selection = self.processor.selection
+            self.dashboard = Dashboard(
+                clock=self.clock, metrics=self.metrics, registry=self.registry,
+                schedulers=self.schedulers, manager=self.manager,
+                selection=selection.current if selection is not None else lambda _: None,
+                interval_s=config.dashboard_sample_s, history_s=config.dashboard_history_s,
+                max_clients=config.dashboard_max_clients,
+                token_required=config.admin_token is not None,
+            )  # fmt: skip
         self.admin_http = HttpServer(
-            AdminRoutes(self.admin, config.admin_token), host=config.admin_host,
+            AdminRoutes(self.admin, config.admin_token, self.dashboard), host=config.admin_host,
             port=config.admin_port,
             max_body_bytes=config.max_body_bytes,
-            limits=HttpLimits.admin_port(config), clock=self.clock,
+            limits=HttpLimits.admin_port(config), clock=self.clock, streaming=True,
         )  # fmt: skip
         self.grpc: V2GrpcServer | NativeGrpcServer | None = None
         if config.grpc_port is not None:
@@ -262,6 +274,11 @@ class Clipper:
             stack.push_async_callback(self.http.stop)
             await self.admin_http.start()
             stack.push_async_callback(self.admin_http.stop)
+            if self.dashboard is not None:
+                # Stopped before the admin port: its streams are cut at once, not flushed to a
+                # client that may have stopped reading.
+                self.dashboard.start()
+                stack.push_async_callback(self.dashboard.stop)
             if self.grpc is not None:
                 await self.grpc.start()
                 stack.push_async_callback(self.grpc.stop)
@@ -283,6 +300,8 @@ class Clipper:
             self.http.port,
             self.rpc.address,
         )
+        if self.dashboard is not None:
+            log.info("dashboard on %s/dashboard", self.admin_url)
 
     async def stop(self) -> None:
         stack, self._stack = self._stack, None
@@ -493,8 +512,13 @@ class Clipper:
             metrics=self.metrics,
             queue_capacity=self.config.queue_capacity,
         )
-        sched.on_replicas_changed = self.control.replicas_changed
+        sched.on_replicas_changed = self._replicas_changed
         return sched
+
+    def _replicas_changed(self, sched: ModelScheduler) -> None:
+        self.control.replicas_changed(sched)
+        if self.dashboard is not None:
+            self.dashboard.replicas_changed()
 
     def _disconnect(self, sched: ModelScheduler) -> None:
         for replica in list(sched.replicas):

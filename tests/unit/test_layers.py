@@ -32,6 +32,7 @@ UPPER = (
     "clipper.background",
     "clipper.cli",
     "clipper.commands",
+    "clipper.dashboard",
     "clipper.demo",
     "clipper.frontend",
     "clipper.persistence",

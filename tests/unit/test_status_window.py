@@ -10,13 +10,8 @@ from typing import Any, cast
 
 from clipper.clock import FakeClock
 from clipper.frontend.admin_state import StateRoutes
-from clipper.metrics import Metrics
-from clipper.metrics_window import (
-    MetricsWindow,
-    counter_values,
-    histogram_buckets,
-    histogram_quantile,
-)
+from clipper.metrics import Metrics, counter_values, histogram_quantile, histogram_values
+from clipper.metrics_window import MetricsWindow
 from clipper.registry import Registry
 
 
@@ -66,8 +61,8 @@ def test_the_fast_readers_agree_with_collect() -> None:
         m.latency.labels(app=f"a{i}").observe(0.003 * (i + 1))
     assert counter_values(m.defaults) == counter_values(_OnlyCollect(m.defaults))
     assert counter_values(m.defaults)[("a2", "slo")] == 3
-    assert histogram_buckets(m.latency) == histogram_buckets(_OnlyCollect(m.latency))
-    assert histogram_buckets(m.latency)[("a0",)][-1] == (float("inf"), 1.0)
+    assert histogram_values(m.latency) == histogram_values(_OnlyCollect(m.latency))
+    assert histogram_values(m.latency)[("a0",)].buckets[-1] == (float("inf"), 1.0)
 
 
 def test_quantiles_interpolate_inside_the_bucket() -> None:

@@ -64,8 +64,8 @@ from clipper.frontend.admin_state import StateRoutes
 from clipper.frontend.http import Respond
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager
-from clipper.metrics import Metrics
-from clipper.metrics_window import MetricsWindow, histogram_quantile
+from clipper.metrics import Metrics, histogram_quantile, histogram_values
+from clipper.metrics_window import MetricsWindow
 from clipper.registry import Application, ModelVersion, Registry, check_name
 from clipper.store.base import StoreError
 
@@ -93,12 +93,6 @@ class _Staged:
     artifact: str
     num_replicas: int
     batching: BatchingConfig | None
-
-
-def _histogram_p50(buckets: list[tuple[float, float]]) -> float | None:
-    """The median of a cumulative histogram, interpolated inside its bucket as Prometheus's
-    ``histogram_quantile(0.5, ...)`` does; None with no observations."""
-    return histogram_quantile(0.5, buckets)
 
 
 class AdminApi:
@@ -729,18 +723,11 @@ class AdminApi:
 
     def _latency_p50s(self) -> dict[tuple[str, str, str], float]:
         """Per replica, the median batch round trip from its latency histogram."""
-        cumulative: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
-        for family in self.metrics.replica_latency.collect():
-            for s in family.samples:
-                if not s.name.endswith("_bucket"):
-                    continue
-                key = (s.labels["model"], s.labels["version"], s.labels["replica"])
-                cumulative.setdefault(key, []).append((float(s.labels["le"]), s.value))
         out = {}
-        for key, buckets in cumulative.items():
-            median = _histogram_p50(sorted(buckets))
+        for (model, version, replica), h in histogram_values(self.metrics.replica_latency).items():
+            median = histogram_quantile(0.5, h.buckets)
             if median is not None:
-                out[key] = median
+                out[(model, version, replica)] = median
         return out
 
     def _get_logs(self, doc: dict[str, Any]) -> Reply:

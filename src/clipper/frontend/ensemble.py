@@ -147,6 +147,11 @@ class SelectionRuntime:
             draws = self._draws[app_name] = Draws()
         return draws
 
+    def current(self, app_name: str) -> Selection | None:
+        """The application's selection as last built (None before its first query); read
+        only (the dashboard shows its policy's weights)."""
+        return self._by_app.get(app_name)
+
     async def state_for(self, sel: Selection, uid: str) -> State:
         """The user's state: in memory, else the persisted copy, else a fresh one."""
         if uid in sel.states:

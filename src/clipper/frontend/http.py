@@ -9,6 +9,11 @@ connections are answered 503 and closed), header, body and idle keep-alive timeo
 connection is closed), ``Expect: 100-continue`` answered, and exactly one response per request
 (an ``Upgrade`` request gets one 400 and the connection closes). One lazily re-armed timer per
 connection keeps the per-request cost to a few attribute writes.
+
+On a server built with ``streaming=True`` (the admin port) a route may answer with a
+:class:`Stream` instead of a body (the dashboard's server-sent events): a head without a length,
+then writes as they come, until either side closes the connection; such a connection has no
+timeouts and reads no further requests.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import asyncio
 import logging
 import resource
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import httptools
 import orjson
@@ -30,7 +36,7 @@ from clipper.errors import PayloadTooLarge, RequestError
 if TYPE_CHECKING:
     from clipper.config import FrontendConfig
 
-__all__ = ["HEALTH_PATHS", "HttpLimits", "HttpServer", "Router"]
+__all__ = ["HEALTH_PATHS", "HttpLimits", "HttpServer", "Router", "Stream", "StreamingRespond"]
 
 log = logging.getLogger("clipper.http")
 
@@ -44,6 +50,62 @@ class Respond(Protocol):
     routes build it themselves, never from request data."""
 
     def __call__(self, status: int, data: bytes, content_type: bytes = ..., /) -> None: ...
+
+
+class Stream:
+    """A streamed response (server-sent events) that a route opened with
+    :meth:`StreamingRespond.stream`: its head is sent, then whatever :meth:`write` is given,
+    until either side closes the connection (the response has no length: it ends with the
+    connection). Writes never block: :attr:`buffered` says how much the client has not taken
+    yet, and an owner that finds it too large cuts the stream (:meth:`abort`). ``on_close``
+    runs once when the connection is gone, whoever closed it."""
+
+    __slots__ = ("_transport", "closed", "on_close")
+
+    def __init__(self, transport: asyncio.Transport | None) -> None:
+        self._transport = transport
+        self.closed = False
+        self.on_close: Callable[[], None] | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes written and not yet sent to the client."""
+        t = self._transport
+        return t.get_write_buffer_size() if t is not None else 0
+
+    def write(self, data: bytes) -> None:
+        if self._transport is not None:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        """End the response (the connection closes once what is buffered is sent)."""
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Close the connection now, dropping what is buffered (a client that stopped
+        reading would otherwise hold it open)."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _lost(self) -> None:
+        self._transport = None
+        if not self.closed:
+            self.closed = True
+            if self.on_close is not None:
+                self.on_close()
+
+
+@runtime_checkable
+class StreamingRespond(Respond, Protocol):
+    """The ``respond`` of a server built with ``streaming=True`` (the admin port): it may also
+    answer with a stream instead of a body."""
+
+    def stream(self, status: int, content_type: bytes, /) -> Stream:
+        """Send the head of a response without a length and hand back its :class:`Stream`;
+        nothing more is read from this connection. Only for a request with no answer owed
+        before it (no pipelining); a :class:`RequestError` otherwise."""
+        ...
 
 
 class Router(Protocol):
@@ -173,6 +235,7 @@ class _Connection(asyncio.Protocol):
         "_since",
         "_slots",
         "_state",
+        "_stream",
         "_timer",
         "_too_large",
         "_upgrade",
@@ -207,6 +270,7 @@ class _Connection(asyncio.Protocol):
         self._headers_done = 0  # requests whose headers completed (see _feed_capped)
         self._timer: TimerHandle | None = None
         self._due = 0.0
+        self._stream: Stream | None = None
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -246,6 +310,8 @@ class _Connection(asyncio.Protocol):
         self._slots.clear()
         self._headers = {}
         self._body = []
+        if self._stream is not None:
+            self._stream._lost()
 
     def data_received(self, data: bytes) -> None:
         if self._broken or self._closed:
@@ -456,8 +522,13 @@ class _Connection(asyncio.Protocol):
             )), JSON)  # fmt: skip
             return
 
-        def respond(status: int, data: bytes, content_type: bytes = JSON) -> None:
-            self._answer(slot, status, data, content_type)
+        respond: Respond
+        if self.server.streaming:
+            respond = _StreamingResponder(self, slot)
+        else:
+
+            def respond(status: int, data: bytes, content_type: bytes = JSON) -> None:
+                self._answer(slot, status, data, content_type)
 
         try:
             self.server.router(self.parser.get_method(), path, headers, body, respond, t0=t0)
@@ -489,6 +560,32 @@ class _Connection(asyncio.Protocol):
         if not slots and self._state == _IDLE:
             self._since = self.server.clock.now()  # keep-alive idleness starts now
 
+    def open_stream(self, slot: _Slot, status: int, content_type: bytes) -> Stream:
+        """Answer ``slot`` with a head and no length, and turn the connection into a stream:
+        no timeouts, nothing more read as requests (what the client sends is ignored)."""
+        if slot.data is not None or list(self._slots) != [slot]:
+            raise RequestError(
+                "a streamed response must be the only request on its connection: send it "
+                "without pipelining"
+            )
+        transport = self.transport
+        if self._closed or transport is None:
+            stream = Stream(None)
+            stream._lost()
+            return stream
+        slot.data = b""
+        self._slots.clear()
+        self._broken = True  # what the client sends from now on is not read as requests
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        transport.write(
+            b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-store\r\n"
+            b"Connection: close\r\n\r\n" % (status, _REASONS.get(status, b"Unknown"), content_type)
+        )
+        self._stream = stream = Stream(transport)
+        return stream
+
     def _fail(self, status: int, cause: str) -> None:
         """Answer a request that cannot be read on (framing, limits, timeouts) after the
         answers owed before it, then close: the one response this request gets."""
@@ -501,8 +598,26 @@ class _Connection(asyncio.Protocol):
         self._answer(slot, status, _error_doc(status, cause), JSON)
 
 
+class _StreamingResponder:
+    """``respond`` on a streaming server: an object, so that it can also open a stream (a
+    closure, as the query port uses, costs less per request)."""
+
+    __slots__ = ("_conn", "_slot")
+
+    def __init__(self, conn: _Connection, slot: _Slot) -> None:
+        self._conn = conn
+        self._slot = slot
+
+    def __call__(self, status: int, data: bytes, content_type: bytes = JSON, /) -> None:
+        self._conn._answer(self._slot, status, data, content_type)
+
+    def stream(self, status: int, content_type: bytes, /) -> Stream:
+        return self._conn.open_stream(self._slot, status, content_type)
+
+
 class HttpServer:
-    """Owns the listening socket and its connections."""
+    """Owns the listening socket and its connections. ``streaming=True`` hands routes a
+    :class:`StreamingRespond` (for the admin port's dashboard)."""
 
     def __init__(
         self,
@@ -513,8 +628,10 @@ class HttpServer:
         max_body_bytes: int,
         limits: HttpLimits | None = None,
         clock: Clock | None = None,
+        streaming: bool = False,
     ) -> None:
         self.router = router
+        self.streaming = streaming
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes

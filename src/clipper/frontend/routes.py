@@ -9,6 +9,7 @@ original ``POST /<app>/predict`` document, and refused queries are rendered by
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -19,6 +20,7 @@ from clipper.frontend.http import JSON, Respond, error_body, json_response
 from clipper.frontend.prediction import Prediction, answer_failed
 
 if TYPE_CHECKING:
+    from clipper.dashboard import Dashboard
     from clipper.frontend.admin import AdminApi
     from clipper.runtime.catalog import QueryServices
 
@@ -178,12 +180,16 @@ def repeated_authorization(header: bytes | None) -> bool:
 
 
 class AdminRoutes:
-    """Port 1338: the bearer token, when one is configured, then the admin API."""
+    """Port 1338: the bearer token, when one is configured, then the admin API; the dashboard
+    (``/dashboard``), when there is one, checks the token itself for its data only."""
 
-    def __init__(self, api: AdminApi, token: str | None) -> None:
+    def __init__(
+        self, api: AdminApi, token: str | None, dashboard: Dashboard | None = None
+    ) -> None:
         self.api = api
         self.token = token
         self._token = token.encode() if token is not None else None
+        self.dashboard = dashboard
 
     def __call__(
         self,
@@ -195,15 +201,23 @@ class AdminRoutes:
         *,
         t0: float | None = None,
     ) -> None:
+        if self.dashboard is not None and (path == "/dashboard" or path.startswith("/dashboard/")):
+            self.dashboard.route(method, path, headers, respond, self.authorized)
+            return
+        if self.authorized(headers, respond):
+            self.api.route(method, path, headers, body, respond)
+
+    def authorized(self, headers: Mapping[bytes, bytes], respond: Respond) -> bool:
+        """The bearer token check; a refusal is answered here (400 or 401)."""
         if self._token is not None:
             auth = headers.get(b"authorization")
             if repeated_authorization(auth):
                 respond(400, _DUPLICATE_AUTH, JSON)
-                return
+                return False
             if not bearer_token_matches(auth, self._token):
                 respond(401, _UNAUTHORIZED, JSON)
-                return
-        self.api.route(method, path, headers, body, respond)
+                return False
+        return True
 
 
 def _metrics_as_json(headers: dict[bytes, bytes]) -> bool:

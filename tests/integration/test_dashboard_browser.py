@@ -1,0 +1,277 @@
+"""The dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright with
+``executable_path``: no browser is downloaded).
+
+One frontend with an admin token, three models and three applications under load: the page loads
+with no console error, asks for the token, then its plots move (the throughput plot gains points
+and its line is redrawn); a replica killed with SIGKILL (its pid read from the admin API) shows
+as ``restarting`` and then ``ready`` again in the replicas table. A screenshot is taken under
+load (``CLIPPER_DASHBOARD_SCREENSHOT=path`` keeps it, as docs/dashboard.png was made).
+
+Skipped when playwright or chromium is missing, unless ``CLIPPER_REQUIRE_BROWSER`` is set (as
+.ci/run sets it): then it fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from clipper import Clipper
+from tests.integration import models
+from tests.integration.helpers import post_json, request, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+
+TOKEN = "dashboard-test-token"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SAMPLE_S = 0.25
+
+
+def _playwright() -> Any:
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        return None
+    return async_playwright
+
+
+def _require_browser() -> Any:
+    missing = []
+    launcher = _playwright()
+    if launcher is None:
+        missing.append("the playwright package (pip install playwright)")
+    if CHROMIUM is None:
+        missing.append("a chromium binary on PATH (apt-get install chromium)")
+    if missing:
+        why = "the browser test needs " + " and ".join(missing)
+        if os.environ.get("CLIPPER_REQUIRE_BROWSER"):
+            pytest.fail(f"{why} (CLIPPER_REQUIRE_BROWSER is set)")
+        pytest.skip(why)
+    return launcher
+
+
+@contextlib.asynccontextmanager
+async def load(c: Clipper, stop_after_s: float = 120.0) -> AsyncIterator[dict[str, int]]:
+    """Four clients sending queries (and feedback to the learning application) until the block
+    ends or ``stop_after_s`` passes; yields the counts so far."""
+    counts = {"queries": 0, "feedback": 0, "errors": 0}
+    deadline = time.monotonic() + stop_after_s
+    stop = asyncio.Event()
+    rng = random.Random(13)
+
+    async def client() -> None:
+        while not stop.is_set() and time.monotonic() < deadline:
+            # Mostly new inputs (batches to the models), some repeated (cache hits).
+            x = float(rng.randint(0, 20) if rng.random() < 0.3 else rng.randint(21, 10**6))
+            try:
+                await post_json(f"{c.query_url}/sums/predict", {"input": [x, 1.0]})
+                await post_json(f"{c.query_url}/pick/predict", {"input": [x]})
+                counts["queries"] += 2
+                if rng.random() < 0.1:  # an application with no model: a default, always
+                    await post_json(f"{c.query_url}/lonely/predict", {"input": [x]})
+                    counts["queries"] += 1
+                if rng.random() < 0.3:
+                    await post_json(f"{c.query_url}/pick/update", {"input": [x], "label": int(x)})
+                    counts["feedback"] += 1
+            except (OSError, TimeoutError, asyncio.IncompleteReadError):
+                counts["errors"] += 1
+                await asyncio.sleep(0.05)
+
+    tasks = [asyncio.create_task(client()) for _ in range(4)]
+    try:
+        yield counts
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+
+async def _admin(c: Clipper, route: str, doc: Any) -> Any:
+    resp = await request(
+        f"{c.admin_url}/admin/{route}", "POST", orjson.dumps(doc),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
+    launcher = _require_browser()
+    started = time.monotonic()
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, admin_token=TOKEN,
+        dashboard_sample_s=SAMPLE_S, dashboard_history_s=45.0,
+    ) as c:  # fmt: skip
+        await c.deploy_model("summer", "1", models.row_sums, input_type="doubles", num_replicas=2)
+        await c.deploy_model("right", "1", models.label_of, input_type="doubles")
+        await c.deploy_model("wrong", "1", models.off_by_one, input_type="doubles")
+        await c.register_application("sums", "doubles", "-1", 20_000)
+        await c.link_model_to_app("sums", "summer")
+        await c.register_application("pick", "doubles", "-1", 50_000, policy="exp3")
+        await c.link_model_to_app("pick", "right")
+        await c.link_model_to_app("pick", "wrong")
+        await c.register_application("lonely", "doubles", "-1", 20_000)  # linked to nothing
+        deployed = time.monotonic()
+        # The data needs the token; the page does not (a browser cannot send one on load).
+        assert (await request(f"{c.admin_url}/dashboard/events")).status == 401
+        assert (await request(f"{c.admin_url}/dashboard")).status == 200
+
+        async with launcher() as p:
+            browser = await p.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+            )
+            try:
+                page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+                problems: list[str] = []
+                page.on(
+                    "console",
+                    lambda m: problems.append(f"console {m.type}: {m.text}")
+                    if m.type in ("error", "warning") else None,
+                )  # fmt: skip
+                page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+                await page.goto(f"{c.admin_url}/dashboard", wait_until="load")
+                loaded = time.monotonic()
+                await page.wait_for_selector("#login:not([hidden])", timeout=15_000)
+                await page.fill("#token", TOKEN)
+                await page.click("#login button")
+                await page.wait_for_selector("#main:not([hidden])", timeout=15_000)
+                assert await page.get_attribute("#status", "data-status") == "live"
+
+                async def samples() -> int:
+                    return int(await page.get_attribute("body", "data-samples") or 0)
+
+                async def qps_plot() -> tuple[int, float, str]:
+                    """Points with queries in the throughput plot of 'sums', the latest
+                    value, and the drawn line's SVG path."""
+                    doc = await page.evaluate(
+                        """() => {
+                          const gd = document.getElementById('plot-qps');
+                          const t = (gd.data || []).find((d) => d.name === 'sums');
+                          const path = gd.querySelector('.scatterlayer .trace path.js-line');
+                          return {y: t ? t.y : [], d: path ? path.getAttribute('d') : ''};
+                        }"""
+                    )
+                    ys = [v for v in doc["y"] if v]
+                    return len(ys), (ys[-1] if ys else 0.0), doc["d"]
+
+                async with load(c) as counts:
+                    await wait_for(lambda: counts["queries"] > 50, limit_s=30, what="load")
+                    n0 = await samples()
+                    await wait_for(
+                        lambda: _gt(samples(), n0 + 8), limit_s=20, what="8 more samples"
+                    )
+                    points1, _, path1 = await qps_plot()
+                    await wait_for(
+                        lambda: _gt(samples(), n0 + 16), limit_s=20, what="16 more samples"
+                    )
+                    points2, last_qps, path2 = await qps_plot()
+                    assert points2 > points1 > 0, (points1, points2)
+                    assert last_qps > 0
+                    assert path1 and path2 and path1 != path2  # the line was redrawn
+                    # Every plot has drawn data under load.
+                    drawn = await page.evaluate(
+                        """() => [...document.querySelectorAll('.plot')].map((gd) => [
+                          gd.id, (gd.data || []).reduce(
+                            (n, t) => n + (t.y || []).filter((v) => v !== null).length, 0)])"""
+                    )
+                    empty = [name for name, n in drawn if n == 0]
+                    assert not empty, f"plots with no data under load: {empty}"
+                    reasons = await page.evaluate(
+                        "() => document.getElementById('plot-defaults').data.map((t) => t.name)"
+                    )
+                    assert "lonely: no_model" in reasons
+                    assert {"plot-latency-sums", "plot-latency-pick", "plot-weights-pick"} <= {
+                        name for name, _ in drawn
+                    }
+
+                    shot = os.environ.get("CLIPPER_DASHBOARD_SCREENSHOT")
+                    if shot:  # for the docs: let the load fill more of the plots first
+                        await wait_for(
+                            lambda: _gt(samples(), n0 + 100), limit_s=60, what="100 samples"
+                        )
+                    shot = shot or str(tmp_path / "dashboard.png")
+                    png = await page.screenshot(path=shot, full_page=True)
+                    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+                    # Kill one replica of summer; its pid comes from the admin API.
+                    replicas = await _admin(c, "get_replicas", {"model_name": "summer"})
+                    victim = next(r["pid"] for r in replicas if r["pid"])
+                    slot = await page.evaluate(
+                        """(pid) => {
+                          const rows = [...document.querySelectorAll('#replicas tbody tr')];
+                          const tr = rows.find((r) => r.cells[3].textContent === String(pid));
+                          return tr ? tr.dataset.slot : null;
+                        }""",
+                        victim,
+                    )
+                    assert slot, f"no row of the dashboard shows pid {victim}"
+                    row = f'tr[data-model="summer"][data-slot="{slot}"]'
+                    cell = f"#replicas {row}"
+                    # Every state the page shows for that row, as the page shows it (polling
+                    # from here could miss a short one while the renderer is busy drawing).
+                    # Each rendering of the table adds new rows: the observer gets every one,
+                    # even when two renderings fall in one task.
+                    await page.evaluate(
+                        """(sel) => {
+                          const seen = window.shownStates = [];
+                          const note = (row) => {
+                            const s = row.dataset.state;
+                            if (s && seen[seen.length - 1] !== s) seen.push(s);
+                          };
+                          const body = document.querySelector('#replicas tbody');
+                          new MutationObserver((records) => {
+                            for (const r of records) for (const n of r.addedNodes) {
+                              if (n.nodeType === 1 && n.matches(sel)) note(n);
+                            }
+                          }).observe(body, {childList: true});
+                          const now = body.querySelector(sel);
+                          if (now) note(now);
+                        }""",
+                        row,
+                    )
+                    os.kill(victim, signal.SIGKILL)
+                    killed = time.monotonic()
+                    seen: list[str] = []
+
+                    async def shown(*states: str) -> bool:
+                        seen[:] = await page.evaluate("() => window.shownStates")
+                        it = iter(seen)
+                        return all(s in it for s in states)  # in this order
+
+                    await wait_for(
+                        lambda: shown("restarting"), limit_s=15, interval=0.05,
+                        what="the killed replica to show as restarting",
+                    )  # fmt: skip
+                    await wait_for(
+                        lambda: shown("restarting", "ready"), limit_s=30, interval=0.05,
+                        what="the restarted replica to show as ready",
+                    )  # fmt: skip
+                    recovered = time.monotonic()
+                    restarts = await page.locator(f"{cell} td").nth(4).text_content()
+                    assert restarts == "1"
+                    new_pid = await page.locator(f"{cell} td").nth(3).text_content()
+                    assert new_pid is not None and new_pid.isdigit() and new_pid != str(victim)
+                total_samples = await samples()
+                assert not problems, problems
+            finally:
+                await browser.close()
+        print(
+            f"\ndashboard browser test: deploy {deployed - started:.1f} s, page load "
+            f"{loaded - deployed:.1f} s, {counts['queries']} queries and {counts['feedback']} "
+            f"feedback under load ({counts['errors']} client errors), {total_samples} samples "
+            f"drawn, killed replica seen as {seen} and ready after {recovered - killed:.1f} s"
+        )
+
+
+async def _gt(n: Any, target: int) -> bool:
+    return int(await n) > target
