@@ -12,9 +12,11 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import cloudpickle
 import orjson
 
 
@@ -121,3 +123,17 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def write_row_sums(directory: Path) -> str:
+    """A cloudpickle file of ``models.row_sums`` (by value: containers do not import the
+    tests); returns its path."""
+    from tests.integration import models
+
+    path = directory / "sums.pkl"
+    cloudpickle.register_pickle_by_value(models)
+    try:
+        path.write_bytes(cloudpickle.dumps(models.row_sums))
+    finally:
+        cloudpickle.unregister_pickle_by_value(models)
+    return str(path)

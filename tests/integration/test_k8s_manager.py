@@ -25,12 +25,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import pytest
 
-from tests.integration import models
 from tests.integration.frontend_process import FrontendProcess
-from tests.integration.helpers import predict, wait_for
+from tests.integration.helpers import predict, wait_for, write_row_sums
 from tests.integration.kubelet import LocalKubelet
 
 HAVE = all(importlib.util.find_spec(m) is not None for m in ("kubernetes", "kmock"))
@@ -77,16 +75,6 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Any, K8sFrontend, Local
             await asyncio.to_thread(fe.cleanup)
 
 
-def write_model(directory: Path) -> str:
-    path = directory / "sums.pkl"
-    cloudpickle.register_pickle_by_value(models)
-    try:
-        path.write_bytes(cloudpickle.dumps(models.row_sums))
-    finally:
-        cloudpickle.unregister_pickle_by_value(models)
-    return str(path)
-
-
 async def replicas(fe: FrontendProcess) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = await fe.admin_ok("get_replicas", {"model_name": MODEL})
     return found
@@ -109,7 +97,7 @@ async def test_replicas_run_as_deployments_through_the_api(
 ) -> None:
     _, fe, kubelet = cluster
     url = f"http://127.0.0.1:{fe.ports.query}"
-    artifact = write_model(tmp_path)
+    artifact = write_row_sums(tmp_path)
     await fe.admin_ok(
         "add_app",
         {

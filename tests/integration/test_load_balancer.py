@@ -30,12 +30,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import pytest
 
-from tests.integration import models
 from tests.integration.frontend_process import FrontendProcess
-from tests.integration.helpers import predict, request, wait_for
+from tests.integration.helpers import predict, request, wait_for, write_row_sums
 from tests.integration.redis_server import free_port, terminate
 from tests.integration.test_store_convergence import DurableRedis
 
@@ -115,16 +113,6 @@ class HAProxy:
     def stop(self) -> None:
         if self.proc is not None:
             terminate(self.proc)
-
-
-def write_model(directory: Path) -> str:
-    path = directory / "sums.pkl"
-    cloudpickle.register_pickle_by_value(models)
-    try:
-        path.write_bytes(cloudpickle.dumps(models.row_sums))
-    finally:
-        cloudpickle.unregister_pickle_by_value(models)
-    return str(path)
 
 
 @pytest.fixture
@@ -230,7 +218,7 @@ async def test_two_frontends_behind_haproxy_share_config_and_survive_one_killed(
             "model_name": MODEL,
             "model_version": "1",
             "input_type": "doubles",
-            "artifact_path": write_model(tmp_path),
+            "artifact_path": write_row_sums(tmp_path),
             "num_replicas": 1,
         },
         limit_s=60,
