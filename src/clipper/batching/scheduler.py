@@ -207,6 +207,14 @@ class ModelScheduler:
         """The typical latency of a batch of the size replicas take now (0.0: not known)."""
         return self._batch_latency
 
+    def expected_latency_s(self) -> float:
+        """About how long an input queued now waits for its answer: the work queued ahead of
+        it and a batch of the typical latency (0.0: not known yet). Pipelines price their
+        critical path with it at admission."""
+        if self._capacity_rps <= 0.0:
+            return 0.0
+        return len(self.queue) / self._capacity_rps + self._batch_latency
+
     def _running_remaining(self, now: float) -> float:
         """How long until a replica frees up: the shortest expected remainder of the batches
         in flight, priced at their real sizes (0.0 when a replica is free)."""

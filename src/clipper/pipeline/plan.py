@@ -1,0 +1,99 @@
+"""How a pipeline's deadline is split among its stages.
+
+Each stage has a *weight* in seconds: its static share of the query's latency budget
+(``"budget": 0.3``), or for ``"auto"`` an estimate of its latency (about its 90th percentile,
+from an exponentially weighted mean and mean deviation of what it took lately; before it has
+answered once, its model's typical batch latency, else an even share of the budget).
+
+A stage's deadline is the query's deadline minus the time *reserved* for the stages after it:
+the heaviest chain of weights from any stage that reads it to a last stage. Deadlines are fixed
+in absolute time when a stage starts, so time an earlier stage did not use passes on to the
+next one, while the later stages keep their reserves. Time no stage reserves (shares summing to
+less than 1) belongs to the stages that run first. When the heaviest path from a first stage to
+a last one weighs more than the budget (auto estimates can), every reserve shrinks in proportion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from clipper.pipeline.spec import Pipeline
+
+__all__ = ["LatencyEstimate", "StagePlan", "critical_path"]
+
+# The normal distribution's 90th percentile is the mean + 1.2816 sigma, and sigma is about
+# 1.2533 times the mean absolute deviation.
+_P90_DEVIATIONS = 1.2816 * 1.2533
+
+
+class LatencyEstimate:
+    """A stage's recent latency: EWMA of the mean and of the absolute deviation from it."""
+
+    __slots__ = ("alpha", "dev", "mean", "n")
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.alpha = alpha
+        self.mean = 0.0
+        self.dev = 0.0
+        self.n = 0
+
+    def observe(self, seconds: float) -> None:
+        if self.n == 0:
+            self.mean = seconds
+        else:
+            diff = seconds - self.mean
+            self.mean += self.alpha * diff
+            self.dev += self.alpha * (abs(diff) - self.dev)
+        self.n += 1
+
+    def p90(self) -> float:
+        """About the 90th percentile (0.0 before any observation)."""
+        return self.mean + _P90_DEVIATIONS * self.dev
+
+
+def critical_path(pipeline: Pipeline, weights: dict[str, float]) -> tuple[float, list[str]]:
+    """The heaviest path from a first stage to a last one: its weight and its stages."""
+    after: dict[str, tuple[float, str | None]] = {}
+    for name in reversed(pipeline.stages):
+        succs = pipeline.succs[name]
+        nxt = max(succs, key=lambda s: weights[s] + after[s][0], default=None)
+        after[name] = (0.0 if nxt is None else weights[nxt] + after[nxt][0], nxt)
+    start = max(pipeline.stages, key=lambda n: weights[n] + after[n][0])
+    path: list[str] = []
+    node: str | None = start
+    while node is not None:
+        path.append(node)
+        node = after[node][1]
+    return weights[start] + after[start][0], path
+
+
+class StagePlan:
+    """One pipeline application's budgets: the stages' latency estimates and reserves."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.estimates = {name: LatencyEstimate() for name in pipeline.stages}
+
+    def weights(self, budget_s: float, hint: Callable[[str], float]) -> dict[str, float]:
+        """Each stage's weight in seconds for a query with ``budget_s`` (``hint``: a stage's
+        typical latency before it was observed, 0.0 when not known either)."""
+        out: dict[str, float] = {}
+        even = budget_s / len(self.pipeline.stages)
+        for name, stage in self.pipeline.stages.items():
+            if stage.share is not None:
+                out[name] = stage.share * budget_s
+                continue
+            est = self.estimates[name]
+            w = est.p90() if est.n else hint(name)
+            out[name] = w if w > 0.0 else even
+        return out
+
+    def reserves(self, budget_s: float, weights: dict[str, float]) -> dict[str, float]:
+        """Seconds reserved after each stage (its deadline is the query's minus this)."""
+        p = self.pipeline
+        after: dict[str, float] = {}
+        for name in reversed(p.stages):
+            after[name] = max((weights[s] + after[s] for s in p.succs[name]), default=0.0)
+        longest = max(weights[n] + after[n] for n in p.stages)
+        scale = budget_s / longest if longest > budget_s else 1.0
+        return {name: r * scale for name, r in after.items()}
