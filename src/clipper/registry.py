@@ -126,7 +126,12 @@ class Application:
                     "a pipeline application has policy single: a stage that selects among "
                     "models names an application with that policy"
                 )
-            object.__setattr__(self, "stages", parse_pipeline(self.pipeline))
+            try:  # a copy of its own: the caller's dict may change after this
+                doc = orjson.loads(orjson.dumps(self.pipeline))
+            except (TypeError, orjson.JSONEncodeError) as e:
+                raise RegistryError(f"invalid pipeline: not JSON ({e})") from None
+            object.__setattr__(self, "pipeline", doc)
+            object.__setattr__(self, "stages", parse_pipeline(doc))
         object.__setattr__(self, "default_value", embed_output(self.default_output))
         slo_s = self.latency_slo_micros / 1e6
         object.__setattr__(self, "slo_s", slo_s)

@@ -231,11 +231,14 @@ def test_auto_weights_come_from_estimates_then_hints_then_an_even_share() -> Non
     plan = StagePlan(p)
     hints = {"a": 0.004, "b": 0.0}
     w = plan.weights(0.060, lambda n: hints.get(n, 0.0))
-    assert w == pytest.approx({"a": 0.004, "b": 0.020, "c": 0.030})  # b: 60 ms / 3 stages
+    # a: 1.5 x its hint; b: not known, 60 ms / 3 stages; c: its static half
+    assert w == pytest.approx({"a": 0.006, "b": 0.020, "c": 0.030})
     plan.estimates["b"].observe(0.008)
     w = plan.weights(0.060, lambda n: hints.get(n, 0.0))
-    assert w["b"] == pytest.approx(0.008)
-    assert plan.reserves(0.060, w) == pytest.approx({"a": 0.038, "b": 0.030, "c": 0.0})
+    assert w["b"] == pytest.approx(0.012)
+    assert plan.reserves(0.060, w) == pytest.approx({"a": 0.042, "b": 0.030, "c": 0.0})
+    plan.estimates["b"].mean = 0.0001  # fast now: the floor, 5% of the budget, stays reserved
+    assert plan.weights(0.060, lambda _: 0.0)["b"] == pytest.approx(0.003)
 
 
 def test_reserves_shrink_in_proportion_when_the_estimates_exceed_the_budget() -> None:
@@ -243,8 +246,8 @@ def test_reserves_shrink_in_proportion_when_the_estimates_exceed_the_budget() ->
     plan = StagePlan(p)
     for name, lat in (("a", 0.010), ("b", 0.030), ("c", 0.020)):
         plan.estimates[name].observe(lat)
-    w = plan.weights(0.030, lambda _: 0.0)  # the path weighs 60 ms: everything halves
-    assert plan.reserves(0.030, w) == pytest.approx({"a": 0.025, "b": 0.010, "c": 0.0})
+    w = plan.weights(0.045, lambda _: 0.0)  # the path weighs 1.5 x 60 ms: everything halves
+    assert plan.reserves(0.045, w) == pytest.approx({"a": 0.0375, "b": 0.015, "c": 0.0})
 
 
 def test_critical_path_of_a_diamond() -> None:

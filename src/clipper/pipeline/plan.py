@@ -19,11 +19,13 @@ from collections.abc import Callable
 
 from clipper.pipeline.spec import Pipeline
 
-__all__ = ["LatencyEstimate", "StagePlan", "critical_path"]
+__all__ = ["AUTO_FLOOR_SHARE", "AUTO_HEADROOM", "LatencyEstimate", "StagePlan", "critical_path"]
 
 # The normal distribution's 90th percentile is the mean + 1.2816 sigma, and sigma is about
 # 1.2533 times the mean absolute deviation.
 _P90_DEVIATIONS = 1.2816 * 1.2533
+AUTO_HEADROOM = 1.5
+AUTO_FLOOR_SHARE = 0.05
 
 
 class LatencyEstimate:
@@ -85,7 +87,10 @@ class StagePlan:
                 continue
             est = self.estimates[name]
             w = est.p90() if est.n else hint(name)
-            out[name] = w if w > 0.0 else even
+            if w > 0.0:
+                out[name] = max(AUTO_HEADROOM * w, AUTO_FLOOR_SHARE * budget_s)
+            else:
+                out[name] = even
         return out
 
     def reserves(self, budget_s: float, weights: dict[str, float]) -> dict[str, float]:

@@ -36,10 +36,6 @@ _DROPPED: Any = type("Dropped", (), {"__repr__": lambda self: "DROPPED"})()
 _REQUEST_REF = Ref(REQUEST, ())
 
 
-class MissingField(BadInputError):
-    """A reference into a value that has no such field (or index)."""
-
-
 def decode_payload(itype: InputType, payload: bytes) -> Any:
     """An input in its wire form (:func:`parse_input`'s result) as the JSON value it came from
     (``bytes`` as base64 text, as a request carries it)."""
@@ -65,13 +61,14 @@ def _field(value: Any, ref: Ref) -> Any:
         else:
             where = "$" + ".".join((ref.source, *ref.path[:i])) if i else f"${ref.source}"
             kind = type(value).__name__ if value is not None else "null"
-            raise MissingField(f"{ref} does not exist: {where} is {kind} without '{key}'")
+            raise BadInputError(f"{ref} does not exist: {where} is {kind} without '{key}'")
     return value
 
 
 def resolve(expr: Any, env: dict[str, Any]) -> Any:
     """The value of a compiled expression; a dropped stage's output is null in a list and
-    leaves its key out of an object. Raises :class:`MissingField`."""
+    leaves its key out of an object. Raises :class:`BadInputError` for a reference to a
+    field (or list index) the value lacks."""
     kind = type(expr)
     if kind is Const:
         return expr.value
