@@ -68,6 +68,7 @@ async def fe(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Frontend
         stages = {
             "feat": StageModel("feat"),
             "score": StageModel("score"),
+            "score-too": StageModel("score"),
             "post": StageModel("post"),
             "counted-post": StageModel("post", calls=str(calls / "counted-post")),
             # one slow model per test: a version's learned latency would shed the next query
@@ -108,6 +109,21 @@ async def test_three_stages_answer_end_to_end(fe: Frontend) -> None:
         in metrics
     )
     assert 'clipper_pipeline_stage_latency_seconds_count{app="chain",stage="post"} 3.0' in metrics
+
+
+async def test_a_stage_can_be_an_application_with_a_selection_policy(fe: Frontend) -> None:
+    c = fe.c
+    await c.register_application("vote", "doubles", "-1", SLO_US, policy="exp4")
+    await c.link_model_to_app("vote", "score")
+    await c.link_model_to_app("vote", "score-too")
+    spec = full()
+    spec["stages"][1] = {"name": "score", "app": "vote", "input": "$feat.vec"}
+    await c.register_application("voted", "json", "null", SLO_US, pipeline=spec)
+    doc = await predict_ok(c.query_url, "voted", {"input": {"x": [1, 2], "name": "v"}})
+    assert doc["output"] == "v:6.0" and doc["default"] is False, doc
+    # the stage ran the application's own query path
+    metrics = await metrics_text(c)
+    assert 'clipper_app_requests_total{app="vote"} 1.0' in metrics
 
 
 async def metrics_text(c: Clipper) -> str:

@@ -194,6 +194,24 @@ def test_auto_budgets_follow_observed_latency(frontends: list[Frontend]) -> None
     f.ask(b'{"input": {"x": 3}}')
     a2 = f.batches("a")[-1]
     assert a2.deadline == pytest.approx(t1 + END - 0.006)
+    f.answer("a", [1])  # (b's answer never comes: its estimate stays)
+    # another setting changes: the estimates carry over; a new description starts afresh
+    f.registry.update_app("p", cache=False)
+    t2 = f.clock.now()
+    f.ask(b'{"input": {"x": 4}}')
+    assert f.batches("a")[-1].deadline == pytest.approx(t2 + END - 0.006)
+    f.answer("a", [1])
+    f.registry.update_app(
+        "p",
+        pipeline={
+            "stages": [
+                {"name": "a", "model": "a"},
+                {"name": "b", "model": "b", "input": "$a", "budget": 0.5},
+            ]
+        },
+    )
+    f.ask(b'{"input": {"x": 5}}')
+    assert f.batches("a")[-1].deadline == pytest.approx(f.clock.now() + END - 0.025)
 
 
 def test_admission_sheds_when_the_critical_path_expects_more_than_the_budget(

@@ -334,6 +334,9 @@ class PipelineRuntime:
         plan = self._plans.get(app.name)
         if plan is None or plan.pipeline is not app.stages:
             assert app.stages is not None
+            if plan is not None and plan.pipeline == app.stages:
+                plan.pipeline = app.stages  # another setting changed: estimates carry over
+                return plan
             if plan is not None:
                 self.metrics.forget(app.name)  # re-described: its stages may have changed
             plan = self._plans[app.name] = StagePlan(app.stages)
