@@ -9,7 +9,7 @@ import pytest
 
 from clipper.errors import RegistryError
 from clipper.inputs import InputType
-from clipper.pipeline.plan import LatencyEstimate, StagePlan, critical_path
+from clipper.pipeline.plan import LatencyEstimate, StagePlan, critical_path, stage_deadline
 from clipper.pipeline.spec import Const, Ref, check_against, parse_pipeline
 from clipper.registry import Application, ModelVersion, Registry
 
@@ -223,7 +223,7 @@ def test_static_reserves_on_a_chain() -> None:
     w = plan.weights(0.050, lambda _: 0.0)
     assert w == pytest.approx({"a": 0.010, "b": 0.025, "c": 0.015})
     # each stage's deadline is the query's minus what the stages after it reserve
-    assert plan.reserves(0.050, w) == pytest.approx({"a": 0.040, "b": 0.015, "c": 0.0})
+    assert plan.reserves(w) == pytest.approx({"a": 0.040, "b": 0.015, "c": 0.0})
 
 
 def test_auto_weights_come_from_estimates_then_hints_then_an_even_share() -> None:
@@ -231,23 +231,22 @@ def test_auto_weights_come_from_estimates_then_hints_then_an_even_share() -> Non
     plan = StagePlan(p)
     hints = {"a": 0.004, "b": 0.0}
     w = plan.weights(0.060, lambda n: hints.get(n, 0.0))
-    # a: 1.5 x its hint; b: not known, 60 ms / 3 stages; c: its static half
-    assert w == pytest.approx({"a": 0.006, "b": 0.020, "c": 0.030})
+    # a: its hint and 1 ms; b: not known, 60 ms / 3 stages; c: its static half
+    assert w == pytest.approx({"a": 0.005, "b": 0.020, "c": 0.030})
     plan.estimates["b"].observe(0.008)
     w = plan.weights(0.060, lambda n: hints.get(n, 0.0))
-    assert w["b"] == pytest.approx(0.012)
-    assert plan.reserves(0.060, w) == pytest.approx({"a": 0.042, "b": 0.030, "c": 0.0})
+    assert w["b"] == pytest.approx(0.009)
+    assert plan.reserves(w) == pytest.approx({"a": 0.039, "b": 0.030, "c": 0.0})
     plan.estimates["b"].mean = 0.0001  # fast now: the floor, 5% of the budget, stays reserved
     assert plan.weights(0.060, lambda _: 0.0)["b"] == pytest.approx(0.003)
 
 
-def test_reserves_shrink_in_proportion_when_the_estimates_exceed_the_budget() -> None:
-    p = parse_pipeline(chain("auto", "auto", "auto"))
-    plan = StagePlan(p)
-    for name, lat in (("a", 0.010), ("b", 0.030), ("c", 0.020)):
-        plan.estimates[name].observe(lat)
-    w = plan.weights(0.045, lambda _: 0.0)  # the path weighs 1.5 x 60 ms: everything halves
-    assert plan.reserves(0.045, w) == pytest.approx({"a": 0.0375, "b": 0.015, "c": 0.0})
+def test_a_stage_gets_at_least_its_weight_and_never_past_the_query_deadline() -> None:
+    end = 100.050
+    assert stage_deadline(100.0, end, 0.020, 0.010) == pytest.approx(100.030)  # the reserve rules
+    # reserves of slow stages after it would leave it 5 ms: it gets its 10 ms
+    assert stage_deadline(100.0, end, 0.045, 0.010) == pytest.approx(100.010)
+    assert stage_deadline(100.045, end, 0.0, 0.010) == pytest.approx(end)  # capped
 
 
 def test_critical_path_of_a_diamond() -> None:
@@ -265,6 +264,6 @@ def test_critical_path_of_a_diamond() -> None:
     total, path = critical_path(p, weights)
     assert path == ["src", "slow", "join"] and total == pytest.approx(0.014)
     plan = StagePlan(p)
-    assert plan.reserves(0.050, weights) == pytest.approx(
+    assert plan.reserves(weights) == pytest.approx(
         {"src": 0.013, "fast": 0.003, "slow": 0.003, "join": 0.0}
     )

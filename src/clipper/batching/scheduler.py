@@ -209,11 +209,14 @@ class ModelScheduler:
 
     def expected_latency_s(self) -> float:
         """About how long an input queued now waits for its answer: the work queued ahead of
-        it and a batch of the typical latency (0.0: not known yet). Pipelines price their
-        critical path with it at admission."""
-        if self._capacity_rps <= 0.0:
+        it, what is left of the batches running when no replica is free, and a batch of the
+        typical latency. 0.0 when not known yet, or when the queue is empty and a replica is
+        free: an idle model always admits, as :meth:`submit` does (that is also how a stale
+        estimate gets measured again). Pipelines price their critical path with it."""
+        if self._capacity_rps <= 0.0 or (not self.queue and self._free_replica() is not None):
             return 0.0
-        return len(self.queue) / self._capacity_rps + self._batch_latency
+        running = self._running_remaining(self.clock.now())
+        return len(self.queue) / self._capacity_rps + running + self._batch_latency
 
     def _running_remaining(self, now: float) -> float:
         """How long until a replica frees up: the shortest expected remainder of the batches

@@ -3,14 +3,17 @@
 Each stage has a *weight* in seconds: its static share of the query's latency budget
 (``"budget": 0.3``), or for ``"auto"`` an estimate of its latency (about its 90th percentile,
 from an exponentially weighted mean and mean deviation of what it took lately; before it has
-answered once, its model's typical batch latency, else an even share of the budget).
+answered once, its model's typical batch latency, else an even share of the budget) plus 1 ms,
+and at least 5% of the budget (a batch's latency leaves out the frontend's own work and the
+RPC hop).
 
-A stage's deadline is the query's deadline minus the time *reserved* for the stages after it:
-the heaviest chain of weights from any stage that reads it to a last stage. Deadlines are fixed
-in absolute time when a stage starts, so time an earlier stage did not use passes on to the
-next one, while the later stages keep their reserves. Time no stage reserves (shares summing to
-less than 1) belongs to the stages that run first. When the heaviest path from a first stage to
-a last one weighs more than the budget (auto estimates can), every reserve shrinks in proportion.
+A stage's deadline is fixed when it starts: the query's deadline minus the time *reserved* for
+the stages after it (the heaviest chain of weights from a stage that reads it to a last stage),
+but never less than its own weight from now, and never past the query's deadline. So time an
+earlier stage did not use passes on to the next one while the later stages keep their reserves;
+time no stage reserves (static shares summing to less than 1) belongs to the stages that run
+first; and when the reserves leave a stage less than its own weight (auto estimates of a slow
+stage can), the stage still gets its weight and the later stages make do with what is left.
 """
 
 from __future__ import annotations
@@ -19,12 +22,19 @@ from collections.abc import Callable
 
 from clipper.pipeline.spec import Pipeline
 
-__all__ = ["AUTO_FLOOR_SHARE", "AUTO_HEADROOM", "LatencyEstimate", "StagePlan", "critical_path"]
+__all__ = [
+    "AUTO_FLOOR_SHARE",
+    "AUTO_HEADROOM_S",
+    "LatencyEstimate",
+    "StagePlan",
+    "critical_path",
+    "stage_deadline",
+]
 
 # The normal distribution's 90th percentile is the mean + 1.2816 sigma, and sigma is about
 # 1.2533 times the mean absolute deviation.
 _P90_DEVIATIONS = 1.2816 * 1.2533
-AUTO_HEADROOM = 1.5
+AUTO_HEADROOM_S = 0.001
 AUTO_FLOOR_SHARE = 0.05
 
 
@@ -88,17 +98,20 @@ class StagePlan:
             est = self.estimates[name]
             w = est.p90() if est.n else hint(name)
             if w > 0.0:
-                out[name] = max(AUTO_HEADROOM * w, AUTO_FLOOR_SHARE * budget_s)
+                out[name] = max(w + AUTO_HEADROOM_S, AUTO_FLOOR_SHARE * budget_s)
             else:
                 out[name] = even
         return out
 
-    def reserves(self, budget_s: float, weights: dict[str, float]) -> dict[str, float]:
-        """Seconds reserved after each stage (its deadline is the query's minus this)."""
+    def reserves(self, weights: dict[str, float]) -> dict[str, float]:
+        """Seconds reserved after each stage: the heaviest chain of weights after it."""
         p = self.pipeline
         after: dict[str, float] = {}
         for name in reversed(p.stages):
             after[name] = max((weights[s] + after[s] for s in p.succs[name]), default=0.0)
-        longest = max(weights[n] + after[n] for n in p.stages)
-        scale = budget_s / longest if longest > budget_s else 1.0
-        return {name: r * scale for name, r in after.items()}
+        return after
+
+
+def stage_deadline(now: float, end: float, reserve: float, weight: float) -> float:
+    """When a stage starting ``now`` is due, in a query due at ``end`` (see the module doc)."""
+    return min(end, max(end - reserve, now + weight))

@@ -22,7 +22,7 @@ from clipper.errors import BadInputError, DeadlineExceeded, OverloadedError, Req
 from clipper.frontend.prediction import DefaultReason, Prediction, Reply, fail_internal
 from clipper.inputs import InputType, parse_input
 from clipper.pipeline.metrics import StageMetrics
-from clipper.pipeline.plan import StagePlan, critical_path
+from clipper.pipeline.plan import StagePlan, critical_path, stage_deadline
 from clipper.pipeline.spec import REQUEST, Const, Pipeline, Ref, Stage, refs_in
 from clipper.registry import Application
 
@@ -179,12 +179,12 @@ class _Run:
         q = self.q
         stage = q.pipeline.stages[name]
         now = q.rt.clock.now()
-        call = _Call(self, stage, now, q.end - q.reserves[name])
+        call = _Call(
+            self, stage, now, stage_deadline(now, q.end, q.reserves[name], q.weights[name])
+        )
         self.calls[name] = call
         if call.deadline <= now:
-            reserved = q.reserves[name] * 1e3
-            self.missed(call, DefaultReason.SLO, f"had no time left ({reserved:.1f} ms are "
-                        "reserved for the stages after it)")  # fmt: skip
+            self.missed(call, DefaultReason.SLO, "had no time left: the query's deadline passed")
             return
         try:
             if stage.input == _REQUEST_REF and q.app.input_type is q.rt.input_type(stage):
@@ -282,7 +282,7 @@ class _Run:
 
 class _PipelineQuery:
     __slots__ = ("app", "end", "pipeline", "plan", "predictions", "remaining", "reply",
-                 "reserves", "rt", "t0", "uid")  # fmt: skip
+                 "reserves", "rt", "t0", "uid", "weights")  # fmt: skip
 
     def __init__(self, rt: PipelineRuntime, app: Application, n: int, reply: Reply) -> None:
         self.rt = rt
@@ -297,6 +297,7 @@ class _PipelineQuery:
         self.t0 = 0.0
         self.uid = ""
         self.reserves: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
 
     def stage_metrics(self, stage: str) -> tuple[Any, Any, dict[str, Any]]:
         return self.rt.metrics.stage(self.app.name, stage)
@@ -364,7 +365,8 @@ class PipelineRuntime:
         plan = q.plan
         stages = q.pipeline.stages
         weights = plan.weights(budget_s, lambda name: self.typical_latency(stages[name]))
-        q.reserves = plan.reserves(budget_s, weights)
+        q.weights = weights
+        q.reserves = plan.reserves(weights)
         cause = self.admission(q)
         if cause is not None:
             self.metrics.shed.labels(app=app.name).inc()
@@ -384,9 +386,14 @@ class PipelineRuntime:
             _Run(q, i, payload).advance()
 
     def admission(self, q: _PipelineQuery) -> str | None:
-        """Why the query cannot make it (the critical path's expected wait is longer than the
-        time left), or None to run it."""
-        expected = {name: self.expected_latency(s) for name, s in q.pipeline.stages.items()}
+        """Why the query cannot make it (the required stages on a path expect to take longer
+        than the time left), or None to run it. A stage with a default or an optional one does
+        not count: if it would be late it is cut at its deadline, which leaves the stages
+        after it their reserves, and the answer is degraded rather than the default."""
+        expected = {
+            name: self.expected_latency(s) if s.on_miss == "fail" else 0.0
+            for name, s in q.pipeline.stages.items()
+        }
         total, path = critical_path(q.pipeline, expected)
         left = q.end - self.clock.now()
         if total <= left:
