@@ -101,6 +101,8 @@ async def test_three_stages_answer_end_to_end(fe: Frontend) -> None:
         c.query_url, "chain", {"input_batch": [{"x": [1], "name": "a"}, {"x": [2], "name": "b"}]}
     )
     assert [p["output"] for p in batch["batch_predictions"]] == ["a:2.0", "b:4.0"]
+    resp = await post_json(f"{c.query_url}/chain/update", {"input": {"x": [1]}, "label": 1})
+    assert resp.status == 400 and b"no linked model" in resp.body  # feedback goes to a stage
     got = (await post_json(f"{c.admin_url}/admin/get_application", {"name": "chain"})).json()
     assert got["pipeline"] == full() and got["linked_models"] == []
     metrics = await metrics_text(c)
