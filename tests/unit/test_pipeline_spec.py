@@ -226,7 +226,7 @@ def test_static_reserves_on_a_chain() -> None:
     assert plan.reserves(w) == pytest.approx({"a": 0.040, "b": 0.015, "c": 0.0})
 
 
-def test_auto_weights_come_from_estimates_then_hints_then_an_even_share() -> None:
+def test_auto_weights_come_from_estimates_or_the_queue_then_an_even_share() -> None:
     p = parse_pipeline(chain("auto", "auto", 0.5))
     plan = StagePlan(p)
     hints = {"a": 0.004, "b": 0.0}
@@ -234,19 +234,23 @@ def test_auto_weights_come_from_estimates_then_hints_then_an_even_share() -> Non
     # a: its hint and 1 ms; b: not known, 60 ms / 3 stages; c: its static half
     assert w == pytest.approx({"a": 0.005, "b": 0.020, "c": 0.030})
     plan.estimates["b"].observe(0.008)
+    plan.estimates["a"].observe(0.001)  # faster than its queue says now: the queue wins
     w = plan.weights(0.060, lambda n: hints.get(n, 0.0))
-    assert w["b"] == pytest.approx(0.009)
+    assert w["b"] == pytest.approx(0.009) and w["a"] == pytest.approx(0.005)
     assert plan.reserves(w) == pytest.approx({"a": 0.039, "b": 0.030, "c": 0.0})
     plan.estimates["b"].mean = 0.0001  # fast now: the floor, 5% of the budget, stays reserved
     assert plan.weights(0.060, lambda _: 0.0)["b"] == pytest.approx(0.003)
 
 
-def test_a_stage_gets_at_least_its_weight_and_never_past_the_query_deadline() -> None:
+def test_a_required_stage_gets_at_least_its_weight_and_never_past_the_query_deadline() -> None:
     end = 100.050
-    assert stage_deadline(100.0, end, 0.020, 0.010) == pytest.approx(100.030)  # the reserve rules
-    # reserves of slow stages after it would leave it 5 ms: it gets its 10 ms
-    assert stage_deadline(100.0, end, 0.045, 0.010) == pytest.approx(100.010)
-    assert stage_deadline(100.045, end, 0.0, 0.010) == pytest.approx(end)  # capped
+    assert stage_deadline(100.0, end, 0.020, 0.010, True) == pytest.approx(100.030)
+    # reserves of slow stages after it would leave it 5 ms: a required stage gets its 10 ms
+    assert stage_deadline(100.0, end, 0.045, 0.010, True) == pytest.approx(100.010)
+    assert stage_deadline(100.045, end, 0.0, 0.010, True) == pytest.approx(end)  # capped
+    # one that may degrade never takes the reserves of the stages after it
+    assert stage_deadline(100.0, end, 0.045, 0.010, False) == pytest.approx(100.005)
+    assert stage_deadline(100.020, end, 0.045, 0.010, False) < 100.020  # missed at once
 
 
 def test_critical_path_of_a_diamond() -> None:

@@ -1,19 +1,22 @@
 """How a pipeline's deadline is split among its stages.
 
 Each stage has a *weight* in seconds: its static share of the query's latency budget
-(``"budget": 0.3``), or for ``"auto"`` an estimate of its latency (about its 90th percentile,
-from an exponentially weighted mean and mean deviation of what it took lately; before it has
-answered once, its model's typical batch latency, else an even share of the budget) plus 1 ms,
-and at least 5% of the budget (a batch's latency leaves out the frontend's own work and the
-RPC hop).
+(``"budget": 0.3``), or for ``"auto"`` an estimate of its latency plus 1 ms, and at least 5%
+of the budget (a batch's latency leaves out the frontend's own work and the RPC hop). The
+estimate is the larger of the stage's own (about its 90th percentile, from an exponentially
+weighted mean and mean deviation of what it took lately) and what its model's queue says an
+input queued now would take (the work ahead and a typical batch); when neither is known, an
+even share of the budget.
 
 A stage's deadline is fixed when it starts: the query's deadline minus the time *reserved* for
 the stages after it (the heaviest chain of weights from a stage that reads it to a last stage),
 but never less than its own weight from now, and never past the query's deadline. So time an
 earlier stage did not use passes on to the next one while the later stages keep their reserves;
 time no stage reserves (static shares summing to less than 1) belongs to the stages that run
-first; and when the reserves leave a stage less than its own weight (auto estimates of a slow
-stage can), the stage still gets its weight and the later stages make do with what is left.
+first. When the reserves leave a *required* stage less than its own weight (auto estimates of
+a slow stage after it can), it still gets its weight and the later stages make do with what is
+left (without it the query fails anyway); a stage that may degrade (a default, or optional) is
+cut at its reserve line instead, so that it never takes the time of the stages after it.
 """
 
 from __future__ import annotations
@@ -87,8 +90,9 @@ class StagePlan:
         self.estimates = {name: LatencyEstimate() for name in pipeline.stages}
 
     def weights(self, budget_s: float, hint: Callable[[str], float]) -> dict[str, float]:
-        """Each stage's weight in seconds for a query with ``budget_s`` (``hint``: a stage's
-        typical latency before it was observed, 0.0 when not known either)."""
+        """Each stage's weight in seconds for a query with ``budget_s`` (``hint``: how long a
+        stage's model would take now, 0.0 when not known: the weight is never below it, or
+        the model's own admission would shed what the stage is given)."""
         out: dict[str, float] = {}
         even = budget_s / len(self.pipeline.stages)
         for name, stage in self.pipeline.stages.items():
@@ -96,7 +100,7 @@ class StagePlan:
                 out[name] = stage.share * budget_s
                 continue
             est = self.estimates[name]
-            w = est.p90() if est.n else hint(name)
+            w = max(est.p90() if est.n else 0.0, hint(name))
             if w > 0.0:
                 out[name] = max(w + AUTO_HEADROOM_S, AUTO_FLOOR_SHARE * budget_s)
             else:
@@ -112,6 +116,8 @@ class StagePlan:
         return after
 
 
-def stage_deadline(now: float, end: float, reserve: float, weight: float) -> float:
+def stage_deadline(now: float, end: float, reserve: float, weight: float, required: bool) -> float:
     """When a stage starting ``now`` is due, in a query due at ``end`` (see the module doc)."""
+    if not required:
+        return end - reserve
     return min(end, max(end - reserve, now + weight))

@@ -179,12 +179,13 @@ class _Run:
         q = self.q
         stage = q.pipeline.stages[name]
         now = q.rt.clock.now()
-        call = _Call(
-            self, stage, now, stage_deadline(now, q.end, q.reserves[name], q.weights[name])
-        )
+        due = stage_deadline(now, q.end, q.reserves[name], q.weights[name], stage.on_miss == "fail")
+        call = _Call(self, stage, now, due)
         self.calls[name] = call
         if call.deadline <= now:
-            self.missed(call, DefaultReason.SLO, "had no time left: the query's deadline passed")
+            left = max(q.end - now, 0.0) * 1e3
+            self.missed(call, DefaultReason.SLO, f"had no time left ({left:.1f} ms to the "
+                        "query's deadline, reserved for the stages after it)")  # fmt: skip
             return
         try:
             if stage.input == _REQUEST_REF and q.app.input_type is q.rt.input_type(stage):
@@ -439,9 +440,9 @@ class PipelineRuntime:
         return out
 
     def typical_latency(self, stage: Stage) -> float:
-        """A stage's typical batch latency now (0.0: not known): the auto budget's first
-        estimate, before the stage has answered once."""
-        return max((s.batch_latency_s for s in self._scheds(stage)), default=0.0)
+        """How long the stage's model would take now, by its queue (0.0: idle, or not known).
+        An auto budget is never below it."""
+        return max((s.expected_latency_s() for s in self._scheds(stage)), default=0.0)
 
     def expected_latency(self, stage: Stage) -> float:
         return max((s.expected_latency_s() for s in self._scheds(stage)), default=0.0)
