@@ -249,3 +249,22 @@ def test_resolve_combines_references() -> None:
          "output": {"l": ["$s.0", "$request"], "k": "$s.-1", "c": 7}}
     )  # fmt: skip
     assert resolve(p.output, {"request": "r", "s": [4, 5]}) == {"l": [4, "r"], "k": 5, "c": 7}
+
+
+def test_a_models_expected_latency_prices_its_queue_as_its_admission_does(
+    frontends: list[Frontend],
+) -> None:
+    f = PipelineFrontend({"a": InputType.JSON}, {"stages": [{"name": "a", "model": "a"}]})
+    frontends.append(f)
+    sched = f.schedulers["a", "1"]
+    assert sched.expected_latency_s() == 0.0  # nothing known yet
+    f.ask(b'{"input": 1}')
+    f.clock.advance(0.004)
+    f.answer("a", [1])  # a batch of one took 4 ms: 250 inputs/s in batches of 8
+    assert sched.expected_latency_s() == 0.0  # idle: it admits
+    f.ask(b'{"input": 2}')
+    f.clock.advance(0.001)
+    # its own input at 4 ms, and 3 ms left of the batch running on the only replica
+    assert sched.expected_latency_s() == pytest.approx(0.004 + 0.003)
+    f.ask(b'{"input": 3}')
+    assert sched.expected_latency_s() == pytest.approx(2 * 0.004 + 0.003)

@@ -253,6 +253,15 @@ def test_a_required_stage_gets_at_least_its_weight_and_never_past_the_query_dead
     assert stage_deadline(100.020, end, 0.045, 0.010, False) < 100.020  # missed at once
 
 
+def test_a_required_stage_may_take_the_reserve_of_a_stage_that_can_degrade() -> None:
+    doc = chain(0.2, 0.5, 0.3)
+    doc["stages"][1]["default"] = None  # b degrades when it misses
+    plan = StagePlan(parse_pipeline(doc))
+    w = plan.weights(0.050, lambda _: 0.0)
+    # a: only c (required) is reserved after it; b still leaves c its 15 ms
+    assert plan.reserves(w) == pytest.approx({"a": 0.015, "b": 0.015, "c": 0.0})
+
+
 def test_critical_path_of_a_diamond() -> None:
     p = parse_pipeline(
         {

@@ -9,14 +9,16 @@ input queued now would take (the work ahead and a typical batch); when neither i
 even share of the budget.
 
 A stage's deadline is fixed when it starts: the query's deadline minus the time *reserved* for
-the stages after it (the heaviest chain of weights from a stage that reads it to a last stage),
-but never less than its own weight from now, and never past the query's deadline. So time an
-earlier stage did not use passes on to the next one while the later stages keep their reserves;
-time no stage reserves (static shares summing to less than 1) belongs to the stages that run
-first. When the reserves leave a *required* stage less than its own weight (auto estimates of
-a slow stage after it can), it still gets its weight and the later stages make do with what is
-left (without it the query fails anyway); a stage that may degrade (a default, or optional) is
-cut at its reserve line instead, so that it never takes the time of the stages after it.
+the stages after it (the heaviest chain of weights from a stage that reads it to a last stage;
+for a required stage, only the required stages count: it may take the time of a stage that
+can degrade), but for a required stage never less than its own weight from now, and never past
+the query's deadline. So time an earlier stage did not use passes on to the next one while the
+later stages keep their reserves; time no stage reserves (static shares summing to less than
+1) belongs to the stages that run first. When the reserves leave a *required* stage less than
+its own weight (auto estimates of a slow stage after it can), it still gets its weight and the
+later stages make do with what is left (without it the query fails anyway); a stage that may
+degrade (a default, or optional) is cut at its reserve line instead, so that it never takes
+the time of the stages after it.
 """
 
 from __future__ import annotations
@@ -108,12 +110,26 @@ class StagePlan:
         return out
 
     def reserves(self, weights: dict[str, float]) -> dict[str, float]:
-        """Seconds reserved after each stage: the heaviest chain of weights after it."""
+        """Seconds reserved after each stage: the heaviest chain of weights after it. For a
+        required stage only the required stages after it count: it may take the time of a
+        stage that can degrade (better a degraded answer than the default)."""
         p = self.pipeline
-        after: dict[str, float] = {}
+        every: dict[str, float] = {}
+        required: dict[str, float] = {}
         for name in reversed(p.stages):
-            after[name] = max((weights[s] + after[s] for s in p.succs[name]), default=0.0)
-        return after
+            succs = p.succs[name]
+            every[name] = max((weights[s] + every[s] for s in succs), default=0.0)
+            required[name] = max(
+                (
+                    (weights[s] if p.stages[s].on_miss == "fail" else 0.0) + required[s]
+                    for s in succs
+                ),
+                default=0.0,
+            )
+        return {
+            name: required[name] if stage.on_miss == "fail" else every[name]
+            for name, stage in p.stages.items()
+        }
 
 
 def stage_deadline(now: float, end: float, reserve: float, weight: float, required: bool) -> float:
