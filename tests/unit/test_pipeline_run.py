@@ -268,3 +268,22 @@ def test_a_models_expected_latency_prices_its_queue_as_its_admission_does(
     assert sched.expected_latency_s() == pytest.approx(0.004 + 0.003)
     f.ask(b'{"input": 3}')
     assert sched.expected_latency_s() == pytest.approx(2 * 0.004 + 0.003)
+
+
+def test_a_stage_that_cannot_start_fails_its_query_with_the_reason(
+    frontends: list[Frontend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = three(frontends)
+    rt = f.proc.pipelines
+    assert rt is not None
+
+    def broken(call: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rt, "ask_model", broken)
+    _, doc = f.ask().one()
+    assert doc["default"] is True
+    assert doc["default_explanation"] == (
+        "Pipeline stage 'feat' (model 'feat') failed: RuntimeError: boom"
+    )
+    assert f.clock.pending() == 0

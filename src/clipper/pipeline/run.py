@@ -11,6 +11,7 @@ the reason; no later stage starts then.
 from __future__ import annotations
 
 import base64
+import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from clipper.frontend.query import QueryProcessor
 
 __all__ = ["PipelineRuntime", "decode_payload", "resolve"]
+
+log = logging.getLogger("clipper.pipeline")
 
 _DROPPED: Any = type("Dropped", (), {"__repr__": lambda self: "DROPPED"})()
 _REQUEST_REF = Ref(REQUEST, ())
@@ -199,10 +202,16 @@ class _Run:
         except BadInputError as e:
             self.missed(call, DefaultReason.ERROR, f"got no valid input: {e}")
             return
-        if stage.app is not None:
-            q.rt.ask_app(call, q.uid)
-        else:
-            q.rt.ask_model(call)
+        try:
+            if stage.app is not None:
+                q.rt.ask_app(call, q.uid)
+            else:
+                q.rt.ask_model(call)
+        except Exception as e:  # a bug here must not leave the query unanswered
+            log.exception("pipeline %s: stage %s failed to start", q.app.name, name)
+            if not call.over:
+                self.missed(call, DefaultReason.ERROR, f"failed: {type(e).__name__}: {e}")
+            return
         if not call.over and stage.model is not None:
             call.timer = q.rt.clock.call_later(max(call.deadline - now, 0.0), call.expire)
 
