@@ -429,10 +429,9 @@ class PipelineRuntime:
         out: list[Prediction] = []
         for pred in q.predictions:
             assert pred is not None
-            pred.query_id = self.proc.next_query_id()
             if pred.reason is not None:
                 self.proc.metrics.defaults.labels(app=app, reason=pred.reason).inc()
-            out.append(pred)
+            out.append(replace(pred, query_id=self.proc.next_query_id()))
         return out
 
     # -- stages --------------------------------------------------------------------------------
