@@ -5,6 +5,8 @@ The scripts run as ``python experiments/<name>.py``, so this module is imported 
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -76,3 +78,21 @@ def save(fig: Any, name: str) -> Path:
 
     plt.close(fig)
     return path
+
+
+def start_child(cmd: list[str], log_path: Path, limit_s: float = 150.0) -> tuple[Any, str]:
+    """Start a server script (``--serve``) and wait for its ``ready <url>`` line on stdout;
+    its stderr goes to ``log_path``. Returns the process and the URL."""
+    with open(log_path, "w") as err:  # the child keeps its own copy
+        server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    assert server.stdout is not None
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        line = server.stdout.readline()
+        if line.startswith("ready "):
+            return server, line.split()[1]
+        if not line and server.poll() is not None:
+            break
+    server.kill()
+    tail = log_path.read_text()[-3000:]
+    raise RuntimeError(f"the server did not start; its log ends with:\n{tail}")

@@ -44,14 +44,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
-from common import digits, markdown_table, pct, pyplot, save, split
+from common import digits, markdown_table, pct, pyplot, save, split, start_child
 
 N_MODELS = 16
 SIZES = (1, 2, 4, 8, 12, 16)
@@ -225,25 +225,38 @@ class Connection:
             self.writer.close()
 
 
+Ask = Callable[[Connection, int, list[float]], Awaitable[dict[str, Any]]]
+
+
 async def closed_loop(
-    url: str, app: str, queries: list[tuple[int, list[float], int]], concurrency: int
+    url: str,
+    app: str,
+    queries: list[tuple[int, list[float], int]],
+    concurrency: int,
+    ask: Ask | None = None,
 ) -> list[Answer]:
-    """Send every query, ``concurrency`` at a time, each connection waiting for its answer."""
+    """Send every query, ``concurrency`` at a time, each connection waiting for its answer.
+    ``ask`` (connection, query id, pixels) -> answer document replaces the one predict
+    request to ``app`` (e.g. a chain of requests)."""
     rest = url.split("//", 1)[1]
     host, port = rest.rsplit(":", 1)
     pending = iter(queries)
     answers: list[Answer] = []
 
+    async def one(conn: Connection, qid: int, pixels: list[float]) -> dict[str, Any]:
+        body = orjson.dumps({"input": [*pixels, float(qid)]})
+        doc: dict[str, Any] = orjson.loads(await conn.post(f"/{app}/predict", body))
+        return doc
+
     async def worker() -> None:
         conn = Connection(host, int(port))
         try:
             for qid, pixels, label in pending:
-                body = orjson.dumps({"input": [*pixels, float(qid)]})
                 sent = time.time()
                 t0 = time.perf_counter()
-                raw = await conn.post(f"/{app}/predict", body)
+                doc = await (ask or one)(conn, qid, pixels)
                 latency = (time.perf_counter() - t0) * 1000.0
-                answers.append(Answer(qid, label, sent, latency, orjson.loads(raw)))
+                answers.append(Answer(qid, label, sent, latency, doc))
         finally:
             conn.close()
 
@@ -348,19 +361,8 @@ def start_server(log_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Po
         str(args.in_flight),
     ]
     cmd += ["--max-batch-size", str(args.max_batch_size)]
-    with open(log_dir / "server.log", "w") as err:  # the child keeps its own copy
-        server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    assert server.stdout is not None
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline:
-        line = server.stdout.readline()
-        if line.startswith("ready "):
-            return server, line.split()[1]
-        if not line and server.poll() is not None:
-            break
-    server.kill()
-    tail = (log_dir / "server.log").read_text()[-3000:]
-    raise RuntimeError(f"the server did not start; its log ends with:\n{tail}")
+    server, url = start_child(cmd, log_dir / "server.log")
+    return server, url
 
 
 def stop_server(server: subprocess.Popen[str]) -> None:

@@ -113,7 +113,8 @@ class Client:
     ) -> None:
         """``selection``: ``policy`` (single, exp3, exp4, epsilon_greedy, ucb1, thompson,
         ab_split), ``policy_params``, ``min_confidence``, ``loss``, ``loss_scale``,
-        ``online_learning`` (docs/selection.md)."""
+        ``online_learning`` (docs/selection.md); ``pipeline``: stages instead of linked
+        models (docs/pipelines.md)."""
         self.admin(
             "add_app",
             {
@@ -131,6 +132,12 @@ class Client:
         """Change ``latency_slo_micros``, ``default_output``, ``cache``, ``overload`` or the
         selection settings (``policy``, ``policy_params``, ``min_confidence``, ...)."""
         self.admin("update_app", {"name": name, **changes})
+
+    def set_pipeline(self, name: str, pipeline: dict[str, Any] | None) -> None:
+        """Describe application ``name``'s stages (None: a plain application again); see
+        docs/pipelines.md. Refused with the problem named, and nothing changed, when the
+        description does not hold."""
+        self.admin("update_app", {"name": name, "pipeline": pipeline})
 
     def delete_application(self, name: str) -> None:
         self.admin("delete_app", {"name": name})

@@ -22,6 +22,7 @@ from clipper.cli_ops import OPERATOR_COMMANDS, add_operator_commands, run_operat
 from clipper.client import Client
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
+from clipper.pipeline.describe import apply_description
 
 __all__ = ["add_commands", "run_command"]
 
@@ -77,6 +78,16 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     )
     a.add_argument("name")
     app.add_parser("list", parents=[common], help="list applications")
+    a = app.add_parser(
+        "pipeline",
+        parents=[common],
+        help="describe an application's pipeline of stages from a JSON/YAML file "
+        "(docs/pipelines.md); registers the application when it does not exist",
+    )
+    a.add_argument("name")
+    how = a.add_mutually_exclusive_group(required=True)
+    how.add_argument("-f", "--file", type=Path, help="the description file")
+    how.add_argument("--remove", action="store_true", help="make it a plain application again")
 
     model = sub.add_parser("model", help="models and versions").add_subparsers(
         dest="action", required=True
@@ -218,6 +229,12 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
             apps,
             ["name", "input_type", "latency_slo_micros", "default_output", "linked_models"],
         )
+    elif cmd == "app" and action == "pipeline":
+        if args.remove:
+            client.update_application(args.name, pipeline=None)
+            out = f"application {args.name} has no pipeline"
+        else:
+            out = apply_description(client, args.name, args.file)
     elif cmd == "model" and action == "deploy":
         out = _deploy(client, args)
     elif cmd == "model" and action == "scale":

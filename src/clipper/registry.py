@@ -21,6 +21,7 @@ from clipper.choices import LOSSES, OVERLOAD, Overload
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
+from clipper.pipeline.spec import Pipeline, check_against, parse_pipeline
 
 __all__ = [
     "GONE",
@@ -78,7 +79,11 @@ class Application:
     loss_scale: float = 1.0
     # Send feedback on to models whose containers implement update(inputs, labels).
     online_learning: bool = False
+    # A pipeline of stages instead of linked models (docs/pipelines.md): its description as
+    # given (JSON), and parsed.
+    pipeline: dict[str, Any] | None = None
     default_value: Any = field(default=None, compare=False)
+    stages: Pipeline | None = field(default=None, init=False, compare=False, repr=False)
     # Derived once: read several times per query on the hot path.
     slo_s: float = field(default=0.0, init=False, compare=False, repr=False)
     # How long before its deadline a query is answered with what it has: the answer still has
@@ -115,6 +120,18 @@ class Application:
             make_policy(self.policy, models, **self.policy_params)
         except ClipperError as e:
             raise RegistryError(str(e)) from None
+        if self.pipeline is not None:
+            if self.policy != "single":
+                raise RegistryError(
+                    "a pipeline application has policy single: a stage that selects among "
+                    "models names an application with that policy"
+                )
+            try:  # a copy of its own: the caller's dict may change after this
+                doc = orjson.loads(orjson.dumps(self.pipeline))
+            except (TypeError, orjson.JSONEncodeError) as e:
+                raise RegistryError(f"invalid pipeline: not JSON ({e})") from None
+            object.__setattr__(self, "pipeline", doc)
+            object.__setattr__(self, "stages", parse_pipeline(doc))
         object.__setattr__(self, "default_value", embed_output(self.default_output))
         slo_s = self.latency_slo_micros / 1e6
         object.__setattr__(self, "slo_s", slo_s)
@@ -134,7 +151,7 @@ class Application:
             "loss": self.loss,
             "loss_scale": self.loss_scale,
             "online_learning": self.online_learning,
-        }
+        } | ({} if self.pipeline is None else {"pipeline": self.pipeline})
 
     @classmethod
     def from_record(cls, r: dict[str, Any]) -> Application:
@@ -151,6 +168,7 @@ class Application:
             loss=r.get("loss", "0/1"),
             loss_scale=float(r.get("loss_scale", 1.0)),
             online_learning=bool(r.get("online_learning", False)),
+            pipeline=r.get("pipeline"),
         )
 
 
@@ -394,6 +412,8 @@ class Registry:
     def add_app(self, app: Application) -> None:
         if app.name in self.apps:
             raise RegistryError(f"application '{app.name}' already exists")
+        if app.stages is not None:
+            check_against(app.name, app.stages, self)
         self.apps[app.name] = app
         self.links[app.name] = []
         self._emit(Change("app", "add", app.name))
@@ -408,6 +428,8 @@ class Registry:
         if "default_output" in changes:
             changes["default_value"] = None
         updated = replace(app, **changes)
+        if updated.stages is not None:
+            check_against(name, updated.stages, self)
         self.apps[name] = updated
         self._emit(Change("app", "update", name))
         return updated
@@ -487,6 +509,8 @@ class Registry:
             raise RegistryError(f"No app with name '{app_name}' exists.")
         if model_name not in self.models:
             raise RegistryError(f"No model with name '{model_name}' exists.")
+        if app.pipeline is not None:
+            raise RegistryError(f"'{app_name}' is a pipeline: its stages name its models")
         linked = self.links[app_name]
         if model_name in linked:
             raise RegistryError(

@@ -42,6 +42,7 @@ from clipper.managers.base import ContainerManager, ManagerContext, open_manager
 from clipper.metrics import Metrics
 from clipper.metrics_window import MetricsWindow
 from clipper.persistence import StoreSync
+from clipper.pipeline.run import PipelineRuntime
 from clipper.registry import Application, ModelVersion, Registry
 from clipper.rpc.artifacts import ArtifactServer
 from clipper.rpc.server import RpcServer
@@ -115,6 +116,7 @@ class Clipper:
             self.processor, persist=self._persist_state, fetch=self._fetch_state
         )
         self.processor.on_feedback = self._send_update
+        self.processor.pipelines = PipelineRuntime(self.processor)
         self.directory = ReplicaDirectory(
             self.schedulers,
             clock=self.clock,
@@ -371,9 +373,11 @@ class Clipper:
         loss: str = "0/1",
         loss_scale: float = 1.0,
         online_learning: bool = False,
+        pipeline: dict[str, Any] | None = None,
     ) -> Application:
         """An application: its input type, latency SLO and default output; with a selection
-        ``policy`` other than ``single`` it may link several models (see docs/selection.md)."""
+        ``policy`` other than ``single`` it may link several models (see docs/selection.md);
+        with a ``pipeline`` its answer comes from stages of models (docs/pipelines.md)."""
         app = Application(
             name=name,
             input_type=_input_type(input_type),
@@ -387,11 +391,17 @@ class Clipper:
             loss=loss,
             loss_scale=loss_scale,
             online_learning=online_learning,
+            pipeline=pipeline,
         )
         return await self.control.add_app(app)
 
     async def update_application(self, name: str, **changes: Any) -> Application:
         return await self.control.update_app(name, **changes)
+
+    async def set_pipeline(self, name: str, pipeline: dict[str, Any] | None) -> Application:
+        """Describe an application's stages (None: a plain application again); checked before
+        anything changes (docs/pipelines.md)."""
+        return await self.control.update_app(name, pipeline=pipeline)
 
     async def delete_application(self, name: str) -> None:
         await self.control.delete_app(name)
@@ -529,6 +539,8 @@ class Clipper:
             sched.close(ReplicaError("the frontend is shutting down"))
 
     def _forget_app(self, name: str) -> None:
+        if self.processor.pipelines is not None:
+            self.processor.pipelines.forget(name)
         if self.processor.selection is not None:
             self.processor.selection.forget(name)
         self.processor.forget_app(name)

@@ -62,7 +62,14 @@ class Answers:
 class Frontend:
     """A query processor over fake-transport schedulers, one replica per model."""
 
-    def __init__(self, app: Application, models: list[str]) -> None:
+    def __init__(
+        self,
+        app: Application,
+        models: list[str],
+        *,
+        link: bool = True,
+        types: dict[str, InputType] | None = None,
+    ) -> None:
         self.clock = FakeClock()
         self.registry = Registry()
         self.cache = PredictionCache(1 << 20)
@@ -73,10 +80,12 @@ class Frontend:
         self.registry.add_app(app)
         batching = BatchingConfig(controller="fixed", max_batch_size=8, max_wait_micros=0)
         for i, name in enumerate(models):
-            mv = ModelVersion(name=name, version="1", input_type=app.input_type, batching=batching)
+            itype = (types or {}).get(name, app.input_type)
+            mv = ModelVersion(name=name, version="1", input_type=itype, batching=batching)
             self.registry.add_model(mv)
             self.registry.set_model_version(name, "1")
-            self.registry.link(app.name, name)
+            if link:
+                self.registry.link(app.name, name)
             sched = ModelScheduler(
                 mv,
                 slo_s=app.slo_s,

@@ -207,6 +207,18 @@ class ModelScheduler:
         """The typical latency of a batch of the size replicas take now (0.0: not known)."""
         return self._batch_latency
 
+    def expected_latency_s(self) -> float:
+        """About how long an input queued now would take, as :meth:`submit` prices it: the
+        work queued ahead of it and its own at the replicas' throughput, and what is left of
+        the batches running when no replica is free. 0.0 when not known yet, or when the queue
+        is empty and a replica is free: an idle model always admits, as :meth:`submit` does
+        (that is also how a stale estimate gets measured again). Pipelines price their
+        critical path with it."""
+        if self._capacity_rps <= 0.0 or (not self.queue and self._free_replica() is not None):
+            return 0.0
+        running = self._running_remaining(self.clock.now())
+        return (len(self.queue) + 1) / self._capacity_rps + running
+
     def _running_remaining(self, now: float) -> float:
         """How long until a replica frees up: the shortest expected remainder of the batches
         in flight, priced at their real sizes (0.0 when a replica is free)."""

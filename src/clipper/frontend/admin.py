@@ -54,6 +54,7 @@ from clipper.frontend.admin_fields import (
     json_reply,
     num_replicas_field,
     opt_str_field,
+    pipeline_field,
     schema_error,
     str_field,
     str_list_field,
@@ -252,6 +253,7 @@ class AdminApi:
             cache=cache,
             overload="reject" if overload == "reject" else "default",
             **_selection_fields(doc),
+            **pipeline_field(doc),
         )
         await self.control.add_app(app)
         return text_reply(f"Successfully added application with name '{name}'")
@@ -278,6 +280,7 @@ class AdminApi:
                 raise OperationError(OVERLOAD.unknown(overload))
             changes["overload"] = overload
         changes.update(_selection_fields(doc))
+        changes.update(pipeline_field(doc))
         unknown = sorted(set(doc) - {"name", *changes})
         if unknown:
             raise FieldError(f"unknown keys {unknown}")
@@ -297,6 +300,8 @@ class AdminApi:
             for key in ("policy", "policy_params", "min_confidence", "loss", "loss_scale"):
                 doc[key] = record[key]
             doc["online_learning"] = app.online_learning
+        if app.pipeline is not None:
+            doc["pipeline"] = app.pipeline
         return doc
 
     def _get_all_applications(self, doc: dict[str, Any]) -> Reply:

@@ -40,6 +40,7 @@ __all__ = [
     "json_reply",
     "num_replicas_field",
     "opt_str_field",
+    "pipeline_field",
     "require",
     "schema_error",
     "str_field",
@@ -64,7 +65,8 @@ _BATCHING = (
 _SELECTION = (
     f', "policy" := {POLICIES.schema()} (optional), "policy_params" := object (optional), '
     f'"min_confidence" := number (optional), "loss" := {LOSSES.schema()} '
-    '(optional), "loss_scale" := number (optional), "online_learning" := bool (optional)}'
+    '(optional), "loss_scale" := number (optional), "online_learning" := bool (optional), '
+    '"pipeline" := object | null (optional: docs/pipelines.md)}'
 )
 
 # The original's schema texts, as one line each (extensions in docs/admin-api.md).
@@ -132,6 +134,17 @@ class OperationError(RegistryError):
 
 
 # -- request fields -------------------------------------------------------------------------------
+
+
+def pipeline_field(doc: dict[str, Any]) -> dict[str, Any]:
+    """An application's optional ``pipeline`` (an object, or null for none): its contents are
+    checked by the registry (clipper.pipeline.spec)."""
+    if "pipeline" not in doc:
+        return {}
+    value = doc["pipeline"]
+    if value is not None and not isinstance(value, dict):
+        raise FieldError("Type mismatch! JSON key pipeline expected type object or null")
+    return {"pipeline": value}
 
 
 def require(doc: dict[str, Any], key: str) -> Any:

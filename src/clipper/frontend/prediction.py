@@ -58,6 +58,9 @@ class Prediction:
     explanation: str = ""
     models: tuple[str, ...] | None = None
     confidence: float = 0.0
+    # A pipeline's stages that answered their own default, and optional ones left out.
+    degraded: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
 
     @property
     def is_default(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -40,6 +40,9 @@ from clipper.frontend.prediction import (
 from clipper.inputs import parse_input
 from clipper.metrics import Metrics
 from clipper.registry import Application, Registry
+
+if TYPE_CHECKING:
+    from clipper.pipeline.run import PipelineRuntime
 
 __all__ = [
     "NO_MODELS",
@@ -216,6 +219,8 @@ class QueryProcessor:
         self._query_ids = itertools.count()
         # The selection layer (several models per application); set by the frontend.
         self.selection: SelectionRuntime | None = None
+        # Pipeline applications (docs/pipelines.md); set by the frontend.
+        self.pipelines: PipelineRuntime | None = None
         # Online learning: (app, models, input payload, label) for containers with update().
         self.on_feedback: Callable[[Application, list[str], bytes, Any], None] | None = None
         self._app_metrics: dict[str, tuple[Any, Any]] = {}
@@ -269,6 +274,9 @@ class QueryProcessor:
         if version is not None and len(linked) > 1:
             raise QueryProcessingError(f"Too many models linked to application {app_name}")
         budget = app.slo_s if slo_s is None else min(app.slo_s, slo_s)
+        if app.stages is not None and self.pipelines is not None:
+            self.pipelines.predict(app, payloads, uid, reply, t0, budget)
+            return
         if app.policy != "single" and linked and self.selection is not None:
             self.selection.predict(app, payloads, uid, reply, t0, budget)
             return
@@ -455,6 +463,9 @@ class QueryProcessor:
         self.selection.feedback(app, body, reply)
 
     # -- answers -----------------------------------------------------------------------------
+    def next_query_id(self) -> int:
+        return next(self._query_ids)
+
     def explain(self, model: str, err: BaseException) -> tuple[DefaultReason, str]:
         if isinstance(err, ModelError):
             return DefaultReason.MODEL_ERROR, f"The model {model} raised an error: {err}"

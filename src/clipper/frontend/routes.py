@@ -38,7 +38,17 @@ _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # outputs decoded from replicas may be NumP
 
 
 def _document(p: Prediction) -> dict[str, Any]:
-    """One prediction as the original's JSON object (key order is part of the document)."""
+    """One prediction as the original's JSON object (key order is part of the document); a
+    pipeline's degraded and dropped stages follow when there are any."""
+    doc = _original(p)
+    if p.degraded:
+        doc["degraded"] = p.degraded
+    if p.dropped:
+        doc["dropped"] = p.dropped
+    return doc
+
+
+def _original(p: Prediction) -> dict[str, Any]:
     if p.models is None:  # a single-model application
         if p.reason is None:
             return {"query_id": p.query_id, "output": p.output, "default": False}

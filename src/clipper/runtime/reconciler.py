@@ -108,7 +108,7 @@ class Reconciler:
         return self._slos().get(model, _UNLINKED_SLO_S)
 
     def _slos(self) -> dict[str, float]:
-        """Each linked model's tightest SLO among the applications it serves."""
+        """Each linked model's tightest SLO among the applications (and pipelines) it serves."""
         out: dict[str, float] = {}
         for app_name, names in self.registry.links.items():
             app = self.registry.apps.get(app_name)
@@ -116,6 +116,10 @@ class Reconciler:
                 continue
             for name in names:
                 out[name] = min(out.get(name, app.slo_s), app.slo_s)
+        for app in self.registry.apps.values():  # a pipeline's stages are under its SLO too
+            for stage in app.stages.stages.values() if app.stages is not None else ():
+                if stage.model is not None:
+                    out[stage.model] = min(out.get(stage.model, app.slo_s), app.slo_s)
         return out
 
     # -- registry events -----------------------------------------------------------------------

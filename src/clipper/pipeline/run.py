@@ -1,0 +1,515 @@
+"""One pipeline query: its stages run as their inputs become ready, each under its deadline.
+
+Callback-driven like the single-model path (no task per query). A model stage goes through the
+same prediction cache and batching queue as a single-model query (:meth:`QueryProcessor.submit`);
+an application stage runs that application's query path (its selection policy). A stage that
+misses its deadline or fails answers its own default (listed under ``degraded``), is dropped
+(``optional``), or, when required, ends the query at once with the application's default and
+the reason; no later stage starts then.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+from clipper.clock import TimerHandle
+from clipper.errors import BadInputError, DeadlineExceeded, OverloadedError, RequestError
+from clipper.frontend.prediction import DefaultReason, Prediction, Reply, fail_internal
+from clipper.inputs import InputType, parse_input
+from clipper.pipeline.metrics import StageMetrics
+from clipper.pipeline.plan import StagePlan, critical_path, stage_deadline
+from clipper.pipeline.spec import REQUEST, Const, Pipeline, Ref, Stage, refs_in
+from clipper.registry import Application
+
+if TYPE_CHECKING:
+    from clipper.batching.scheduler import ModelScheduler
+    from clipper.frontend.query import QueryProcessor
+
+__all__ = ["PipelineRuntime", "decode_payload", "resolve"]
+
+log = logging.getLogger("clipper.pipeline")
+
+_DROPPED: Any = type("Dropped", (), {"__repr__": lambda self: "DROPPED"})()
+_REQUEST_REF = Ref(REQUEST, ())
+
+
+def decode_payload(itype: InputType, payload: bytes) -> Any:
+    """An input in its wire form (:func:`parse_input`'s result) as the JSON value it came from
+    (``bytes`` as base64 text, as a request carries it)."""
+    if itype is InputType.JSON:
+        return orjson.loads(payload)
+    if itype is InputType.STRINGS:
+        return payload.decode("utf-8", "replace")
+    if itype is InputType.BYTES:
+        return base64.b64encode(payload).decode()
+    return np.frombuffer(payload, dtype=itype.numpy_dtype).tolist()
+
+
+def _field(value: Any, ref: Ref) -> Any:
+    for i, key in enumerate(ref.path):
+        if isinstance(value, dict) and key in value:
+            value = value[key]
+        elif (
+            isinstance(value, list)
+            and key.lstrip("-").isdigit()
+            and -len(value) <= int(key) < len(value)
+        ):
+            value = value[int(key)]
+        else:
+            where = "$" + ".".join((ref.source, *ref.path[:i])) if i else f"${ref.source}"
+            kind = type(value).__name__ if value is not None else "null"
+            raise BadInputError(f"{ref} does not exist: {where} is {kind} without '{key}'")
+    return value
+
+
+def resolve(expr: Any, env: dict[str, Any]) -> Any:
+    """The value of a compiled expression; a dropped stage's output is null in a list and
+    leaves its key out of an object. Raises :class:`BadInputError` for a reference to a
+    field (or list index) the value lacks."""
+    kind = type(expr)
+    if kind is Const:
+        return expr.value
+    if kind is Ref:
+        value = env[expr.source]
+        return value if value is _DROPPED else _field(value, expr)
+    if kind is list:
+        return [None if v is _DROPPED else v for v in (resolve(e, env) for e in expr)]
+    out = {k: resolve(e, env) for k, e in expr.items()}
+    return {k: v for k, v in out.items() if v is not _DROPPED}
+
+
+def _plain(value: Any) -> Any:
+    tolist = getattr(value, "tolist", None)  # NumPy values decoded from a replica
+    return tolist() if callable(tolist) else value
+
+
+class _Call:
+    """One running stage of one query: a waiter for a model's output, or the reply of an
+    application stage's query."""
+
+    __slots__ = ("deadline", "over", "payload", "run", "sched", "stage", "started", "timer")
+
+    def __init__(self, run: _Run, stage: Stage, started: float, deadline: float) -> None:
+        self.run = run
+        self.stage = stage
+        self.started = started
+        self.deadline = deadline
+        self.over = False
+        self.timer: TimerHandle | None = None
+        self.sched: ModelScheduler | None = None
+        self.payload = b""
+
+    # the cache's waiter
+    def done(self, value: object, err: BaseException | None) -> None:
+        if self.over:
+            return
+        run = self.run
+        if isinstance(err, DeadlineExceeded) and run.q.rt.clock.now() < self.deadline:
+            run.submit(self)  # joined an earlier identical query's task that expired first
+            return
+        if err is None:
+            run.answered(self, value)
+        else:
+            reason, why = run.q.rt.proc.explain(self.stage.model or "", err)
+            run.missed(self, reason, why)
+
+    # Reply, for an application stage
+    def answer(self, predictions: list[Prediction]) -> None:
+        if self.over:
+            return
+        p = predictions[0]
+        if p.reason is None:
+            self.run.answered(self, p.output)
+        else:
+            self.run.missed(self, p.reason, p.explanation)
+
+    def fail(self, err: RequestError) -> None:
+        if not self.over:
+            self.run.missed(self, DefaultReason.OVERLOAD, str(err))
+
+    def expire(self) -> None:
+        self.timer = None
+        if not self.over:
+            budget = (self.deadline - self.started) * 1e3
+            self.run.missed(
+                self, DefaultReason.SLO, f"did not answer within its budget of {budget:.1f} ms"
+            )
+
+
+class _Run:
+    """One input's pass through the stages."""
+
+    __slots__ = ("advancing", "calls", "degraded", "dropped", "env", "i", "over", "payload",
+                 "pending", "q", "ready")  # fmt: skip
+
+    def __init__(self, q: _PipelineQuery, i: int, payload: bytes) -> None:
+        self.q = q
+        self.i = i
+        self.payload = payload
+        self.env: dict[str, Any] = {}
+        self.pending = {name: len(s.deps) for name, s in q.pipeline.stages.items()}
+        self.ready = [name for name, n in self.pending.items() if n == 0]
+        self.ready.reverse()  # popped from the end: the description's order
+        self.calls: dict[str, _Call] = {}
+        self.degraded: list[str] = []
+        self.dropped: list[str] = []
+        self.over = False
+        self.advancing = False
+
+    def request_value(self) -> Any:
+        value = self.env.get(REQUEST, _DROPPED)
+        if value is _DROPPED:
+            value = self.env[REQUEST] = decode_payload(self.q.app.input_type, self.payload)
+        return value
+
+    def advance(self) -> None:
+        self.advancing = True
+        try:
+            while self.ready and not self.over:
+                self.launch(self.ready.pop())
+        finally:
+            self.advancing = False
+        if not self.over and not self.calls and not self.ready:
+            self.complete()
+
+    def launch(self, name: str) -> None:
+        q = self.q
+        stage = q.pipeline.stages[name]
+        now = q.rt.clock.now()
+        due = stage_deadline(now, q.end, q.reserves[name], q.weights[name], stage.on_miss == "fail")
+        call = _Call(self, stage, now, due)
+        self.calls[name] = call
+        if call.deadline <= now:
+            left = max(q.end - now, 0.0) * 1e3
+            self.missed(call, DefaultReason.SLO, f"had no time left ({left:.1f} ms to the "
+                        "query's deadline, reserved for the stages after it)")  # fmt: skip
+            return
+        try:
+            if stage.input == _REQUEST_REF and q.app.input_type is q.rt.input_type(stage):
+                call.payload = self.payload  # passed through as it came
+            else:
+                if REQUEST not in self.env and any(
+                    r.source == REQUEST for r in refs_in(stage.input)
+                ):
+                    self.request_value()
+                call.payload = q.rt.encode(stage, _plain(resolve(stage.input, self.env)))
+        except BadInputError as e:
+            self.missed(call, DefaultReason.ERROR, f"got no valid input: {e}")
+            return
+        try:
+            if stage.app is not None:
+                q.rt.ask_app(call, q.uid)
+            else:
+                q.rt.ask_model(call)
+        except Exception as e:  # a bug here must not leave the query unanswered
+            log.exception("pipeline %s: stage %s failed to start", q.app.name, name)
+            if not call.over:
+                self.missed(call, DefaultReason.ERROR, f"failed: {type(e).__name__}: {e}")
+            return
+        if not call.over and stage.model is not None:
+            call.timer = q.rt.clock.call_later(max(call.deadline - now, 0.0), call.expire)
+
+    def submit(self, call: _Call) -> None:
+        self.q.rt.submit(call)
+
+    def answered(self, call: _Call, value: object) -> None:
+        name = call.stage.name
+        elapsed = self.q.rt.clock.now() - call.started
+        m = self.q.stage_metrics(name)
+        m[0].observe(elapsed)
+        m[2]["answered"].inc()
+        self.q.plan.estimates[name].observe(elapsed)
+        self.finished(call, _plain(value))
+
+    def missed(self, call: _Call, reason: DefaultReason, why: str) -> None:
+        stage = call.stage
+        m = self.q.stage_metrics(stage.name)
+        if reason is DefaultReason.SLO:
+            m[1].inc()
+            # A miss says the stage needs at least its budget: the estimate learns that too.
+            self.q.plan.estimates[stage.name].observe(call.deadline - call.started)
+        if stage.on_miss == "default":
+            m[2]["degraded"].inc()
+            self.degraded.append(stage.name)
+            self.finished(call, stage.default)
+        elif stage.on_miss == "drop":
+            m[2]["dropped"].inc()
+            self.dropped.append(stage.name)
+            self.finished(call, _DROPPED)
+        else:
+            m[2]["failed"].inc()
+            self.fail(call, reason, f"Pipeline stage '{stage.name}' ({stage.target}) {why}")
+
+    def finished(self, call: _Call, value: Any) -> None:
+        call.over = True
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        name = call.stage.name
+        self.calls.pop(name, None)
+        self.env[name] = value
+        for succ in self.q.pipeline.succs[name]:
+            self.pending[succ] -= 1
+            if self.pending[succ] == 0:
+                self.ready.append(succ)
+        if not self.advancing:
+            self.advance()
+
+    def fail(self, failed: _Call, reason: DefaultReason, why: str) -> None:
+        """A required stage failed: the query's answer is the default, now; nothing else runs."""
+        self.over = True
+        failed.over = True
+        for call in (failed, *self.calls.values()):
+            call.over = True
+            if call.timer is not None:
+                call.timer.cancel()
+                call.timer = None
+        self.calls.clear()
+        q = self.q
+        for name in q.pipeline.stages:
+            if name not in self.env and name != failed.stage.name:
+                q.stage_metrics(name)[2]["skipped"].inc()
+        q.item_done(self.i, Prediction(0, q.app.default_value, reason, why))
+
+    def complete(self) -> None:
+        self.over = True
+        q = self.q
+        try:
+            output = resolve(q.pipeline.output, self.env)
+        except BadInputError as e:
+            pred = Prediction(0, q.app.default_value, DefaultReason.ERROR,
+                              f"The pipeline's output could not be made: {e}")  # fmt: skip
+        else:
+            pred = Prediction(0, None if output is _DROPPED else output)
+        q.item_done(self.i, pred, tuple(self.degraded), tuple(self.dropped))
+
+
+class _PipelineQuery:
+    __slots__ = ("app", "end", "pipeline", "plan", "predictions", "remaining", "reply",
+                 "reserves", "rt", "t0", "uid", "weights")  # fmt: skip
+
+    def __init__(self, rt: PipelineRuntime, app: Application, n: int, reply: Reply) -> None:
+        self.rt = rt
+        self.app = app
+        assert app.stages is not None
+        self.pipeline: Pipeline = app.stages
+        self.plan = rt.plan(app)
+        self.reply: Reply | None = reply
+        self.predictions: list[Prediction | None] = [None] * n
+        self.remaining = n
+        self.end = 0.0
+        self.t0 = 0.0
+        self.uid = ""
+        self.reserves: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def stage_metrics(self, stage: str) -> tuple[Any, Any, dict[str, Any]]:
+        return self.rt.metrics.stage(self.app.name, stage)
+
+    def item_done(
+        self,
+        i: int,
+        pred: Prediction,
+        degraded: tuple[str, ...] = (),
+        dropped: tuple[str, ...] = (),
+    ) -> None:
+        if degraded or dropped:
+            pred = replace(pred, degraded=degraded, dropped=dropped)
+        self.predictions[i] = pred
+        self.remaining -= 1
+        if self.remaining == 0 and self.reply is not None:
+            reply, self.reply = self.reply, None
+            try:
+                reply.answer(self.rt.answered(self))
+            except Exception as e:  # runs in a replica's or a timer's callback
+                fail_internal(reply, f"answering a query of pipeline '{self.app.name}'", e)
+
+
+class PipelineRuntime:
+    """The pipelines of one frontend: their budgets (latency estimates) and their queries."""
+
+    def __init__(self, proc: QueryProcessor) -> None:
+        self.proc = proc
+        self.clock = proc.clock
+        self.metrics = StageMetrics(proc.metrics.registry)
+        self._plans: dict[str, StagePlan] = {}
+        self._app_metrics: dict[str, tuple[Any, Any]] = {}
+
+    def plan(self, app: Application) -> StagePlan:
+        plan = self._plans.get(app.name)
+        if plan is None or plan.pipeline is not app.stages:
+            assert app.stages is not None
+            if plan is not None and plan.pipeline == app.stages:
+                plan.pipeline = app.stages  # another setting changed: estimates carry over
+                return plan
+            if plan is not None:
+                self.metrics.forget(app.name)  # re-described: its stages may have changed
+            plan = self._plans[app.name] = StagePlan(app.stages)
+        return plan
+
+    def forget(self, app_name: str) -> None:
+        self._plans.pop(app_name, None)
+        self._app_metrics.pop(app_name, None)
+        self.metrics.forget(app_name)
+
+    # -- a query -------------------------------------------------------------------------------
+    def predict(  # noqa: PLR0917 (the query path's shape)
+        self,
+        app: Application,
+        payloads: list[bytes],
+        uid: str,
+        reply: Reply,
+        t0: float,
+        budget_s: float,
+    ) -> None:
+        q = _PipelineQuery(self, app, len(payloads), reply)
+        q.t0 = t0
+        q.uid = uid
+        q.end = t0 + budget_s - app.answer_margin_s
+        plan = q.plan
+        stages = q.pipeline.stages
+        weights = plan.weights(budget_s, lambda name: self.typical_latency(stages[name]))
+        q.weights = weights
+        q.reserves = plan.reserves(weights)
+        cause = self.admission(q)
+        if cause is not None:
+            self.metrics.shed.labels(app=app.name).inc()
+            if app.overload == "reject":
+                from clipper.frontend.query import QueryRejected
+
+                q.reply = None
+                reply.fail(QueryRejected(cause))
+                return
+            for i in range(len(payloads)):
+                q.item_done(i, Prediction(0, app.default_value, DefaultReason.OVERLOAD,
+                                          f"Query shed under overload: {cause}"))  # fmt: skip
+            return
+        for i, payload in enumerate(payloads):
+            if q.reply is None:
+                break
+            _Run(q, i, payload).advance()
+
+    def admission(self, q: _PipelineQuery) -> str | None:
+        """Why the query cannot make it (the required stages on a path expect to take longer
+        than the time left), or None to run it. A stage with a default or an optional one does
+        not count: if it would be late it is cut at its deadline, which leaves the stages
+        after it their reserves, and the answer is degraded rather than the default."""
+        expected = {
+            name: self.expected_latency(s) if s.on_miss == "fail" else 0.0
+            for name, s in q.pipeline.stages.items()
+        }
+        total, path = critical_path(q.pipeline, expected)
+        left = q.end - self.clock.now()
+        if total <= left:
+            return None
+        parts = ", ".join(f"{n} {expected[n] * 1e3:.1f}" for n in path)
+        return (
+            f"the pipeline's path {' -> '.join(path)} expects {total * 1e3:.1f} ms of queueing "
+            f"and work ({parts} ms), more than the {max(left, 0.0) * 1e3:.1f} ms left"
+        )
+
+    def answered(self, q: _PipelineQuery) -> list[Prediction]:
+        """The finished query's predictions, with query ids, counted in the app's metrics."""
+        app = q.app.name
+        m = self._app_metrics.get(app)
+        if m is None:
+            metrics = self.proc.metrics
+            m = self._app_metrics[app] = (
+                metrics.requests.labels(app=app),
+                metrics.latency.labels(app=app),
+            )
+        m[0].inc()
+        m[1].observe(self.clock.now() - q.t0)
+        out: list[Prediction] = []
+        for pred in q.predictions:
+            assert pred is not None
+            if pred.reason is not None:
+                self.proc.metrics.defaults.labels(app=app, reason=pred.reason).inc()
+            out.append(replace(pred, query_id=self.proc.next_query_id()))
+        return out
+
+    # -- stages --------------------------------------------------------------------------------
+    def _scheds(self, stage: Stage) -> list[ModelScheduler]:
+        """The schedulers that serve a stage now (an application stage: its linked models')."""
+        reg = self.proc.registry
+        models = [stage.model] if stage.model is not None else reg.links.get(stage.app or "", [])
+        out = []
+        for model in models:
+            version = reg.current.get(model)
+            sched = self.proc.schedulers.get((model, version)) if version is not None else None
+            if sched is not None:
+                out.append(sched)
+        return out
+
+    def typical_latency(self, stage: Stage) -> float:
+        """How long the stage's model would take now, by its queue (0.0: idle, or not known).
+        An auto budget is never below it."""
+        return max((s.expected_latency_s() for s in self._scheds(stage)), default=0.0)
+
+    def expected_latency(self, stage: Stage) -> float:
+        return max((s.expected_latency_s() for s in self._scheds(stage)), default=0.0)
+
+    def input_type(self, stage: Stage) -> InputType | None:
+        reg = self.proc.registry
+        if stage.app is not None:
+            app = reg.apps.get(stage.app)
+            return app.input_type if app is not None else None
+        version = reg.current.get(stage.model or "")
+        mv = reg.models.get(stage.model or "", {}).get(version or "")
+        return mv.input_type if mv is not None else None
+
+    def encode(self, stage: Stage, value: Any) -> bytes:
+        itype = self.input_type(stage)
+        if itype is None:
+            return b""  # nothing serves the stage: ask_* says so
+        return parse_input(itype, value)
+
+    def ask_model(self, call: _Call) -> None:
+        stage = call.stage
+        model = stage.model or ""
+        reg = self.proc.registry
+        version = reg.current.get(model)
+        sched = self.proc.schedulers.get((model, version)) if version is not None else None
+        if sched is None or not call.payload:
+            call.run.missed(call, DefaultReason.NO_MODEL, f"has no version of model '{model}' "
+                            "to run")  # fmt: skip
+            return
+        if not sched.replicas:
+            call.run.missed(call, DefaultReason.NO_REPLICA, f"has no live replica of model "
+                            f"{model}:{version}")  # fmt: skip
+            return
+        call.sched = sched
+        self.submit(call)
+
+    def submit(self, call: _Call) -> None:
+        sched = call.sched
+        assert sched is not None
+        model = call.stage.model or ""
+        if self.proc.submit(
+            call.run.q.app, model, sched.mv.version, sched, call.payload, call.deadline, call.done
+        ):
+            sched.pump()
+
+    def ask_app(self, call: _Call, uid: str) -> None:
+        app = self.proc.registry.apps.get(call.stage.app or "")
+        if app is None or app.stages is not None or not call.payload:
+            call.run.missed(call, DefaultReason.NO_MODEL, "names no application with a "
+                            "selection policy")  # fmt: skip
+            return
+        now = self.clock.now()
+        try:
+            self.proc.predict_payloads(
+                app, [call.payload], None, uid, call, now, call.deadline - now + app.answer_margin_s
+            )
+        except RequestError as e:
+            if not call.over:
+                call.run.missed(call, DefaultReason.ERROR, f"was refused: {e}")
+        except OverloadedError as e:
+            if not call.over:
+                call.run.missed(call, DefaultReason.OVERLOAD, str(e))
