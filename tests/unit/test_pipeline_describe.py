@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -82,16 +81,7 @@ def test_bad_files_are_refused_before_any_request(tmp_path: Path) -> None:
     assert client.calls == []
 
 
-@pytest.mark.skipif(importlib.util.find_spec("yaml") is not None, reason="PyYAML is installed")
-def test_a_yaml_file_without_pyyaml_says_how_to_proceed(tmp_path: Path) -> None:
-    path = tmp_path / "p.yaml"
-    path.write_text("stages: []\n")
-    with pytest.raises(ConfigError, match=r"PyYAML is not installed.*as JSON"):
-        load_description(path)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("yaml") is None, reason="PyYAML is not installed")
-def test_a_yaml_file_is_read_when_pyyaml_is_installed(tmp_path: Path) -> None:
+def test_a_yaml_file_is_read(tmp_path: Path) -> None:
     path = tmp_path / "p.yml"
     path.write_text("latency_slo_micros: 5000\nstages:\n  - name: a\n    model: m\n")
     assert load_description(path) == ({"latency_slo_micros": 5000}, {"stages": STAGES})

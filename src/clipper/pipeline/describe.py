@@ -1,4 +1,4 @@
-"""The CLI's declarative pipeline file: one JSON (or YAML, when PyYAML is installed) document
+"""The CLI's declarative pipeline file: one JSON or YAML document
 with the pipeline (``stages``, ``output``) and, optionally, the application's settings.
 
 ::
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+import yaml
 
 from clipper.errors import ConfigError
 
@@ -45,13 +46,6 @@ def load_description(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except OSError as e:
         raise ConfigError(f"cannot read the pipeline file {path}: {e.strerror}") from None
     if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            import yaml  # type: ignore[import-untyped]
-        except ImportError:
-            raise ConfigError(
-                f"{path} is YAML, but PyYAML is not installed: pip install pyyaml, or write "
-                "the same document as JSON"
-            ) from None
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as e:
