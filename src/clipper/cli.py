@@ -206,17 +206,17 @@ def _start(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args, FrontendConfig)
     except ClipperError as e:
-        print(f"clipper: {e}", file=sys.stderr)
+        print(f"clipper start: {e}", file=sys.stderr)
         return 2
     import uvloop
 
     try:
         uvloop.run(_serve(config, args.demo))
-    except ClipperError as e:
-        print(f"clipper: {e}", file=sys.stderr)
+    except ClipperError as e:  # a taken port (runtime/ports.py), a locked state directory
+        print(f"clipper start: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        print(f"clipper: cannot start: {e}", file=sys.stderr)
+        print(f"clipper start: cannot start: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -5,6 +5,7 @@ module to keep it so). Classes defined beside their only raiser name their modul
 
     ClipperError
     ├── ConfigError            invalid settings (bad port, unknown controller, ...)
+    │   └── PortInUse          a port the frontend must bind is taken [runtime.ports]
     ├── RequestError           a client sent something we cannot serve -> an HTTP status
     │   ├── BadInputError      malformed JSON, wrong input type, missing keys (400)
     │   ├── NotFoundError      unknown application or route (404)

@@ -44,6 +44,7 @@ from clipper.registry import Application, ModelVersion, Registry
 from clipper.rpc.server import RpcServer
 from clipper.runtime.catalog import Catalog, QueryServices
 from clipper.runtime.control import Control
+from clipper.runtime.ports import binding
 from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
 from clipper.runtime.state_lock import StateLock
@@ -232,7 +233,8 @@ class Clipper:
             self.control.node_id = self.config.node_id or self._node_id()
             await self.store.open()
             stack.push_async_callback(self.store.close)
-            await self.rpc.start()
+            with binding("rpc_port", self.config.rpc_port):
+                await self.rpc.start()
             stack.push_async_callback(self.rpc.stop)
             stack.callback(self._close_schedulers)
             await self.sync.start()
@@ -243,12 +245,15 @@ class Clipper:
             self.reconciler.resume()
             self.loop_lag.start()
             stack.callback(self.loop_lag.stop)
-            await self.http.start()
+            with binding("query_port", self.config.query_port):
+                await self.http.start()
             stack.push_async_callback(self.http.stop)
-            await self.admin_http.start()
+            with binding("admin_port", self.config.admin_port):
+                await self.admin_http.start()
             stack.push_async_callback(self.admin_http.stop)
             if self.grpc is not None:
-                await self.grpc.start()
+                with binding("grpc_port", self.config.grpc_port or 0):
+                    await self.grpc.start()
                 stack.push_async_callback(self.grpc.stop)
             if self.processor.selection is not None:
                 stack.push_async_callback(self.processor.selection.stop)

@@ -18,6 +18,7 @@ by :func:`abort`. See docs/v2-protocol.md.
 from __future__ import annotations
 
 import asyncio
+import errno
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -108,9 +109,13 @@ class V2GrpcServer:
         servicer = Servicer(self.svc)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-        bound = server.add_insecure_port(address)
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError:  # newer grpcio raises where older ones returned 0
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot bind the V2 gRPC service to {address}")
+            # grpcio says only that it could not: almost always a port another process holds.
+            raise OSError(errno.EADDRINUSE, f"cannot bind the V2 gRPC service to {address}")
         await server.start()
         self.port = bound
         self._server = server
