@@ -184,7 +184,7 @@ PROMETHEUS_ACCEPT = (
     ("path", "accept", "want_json"),
     [
         ("/metrics", None, False),
-        ("/metrics", "*/*", True),
+        ("/metrics", "*/*", False),  # curl, browsers: text (python-requests: JSON, below)
         ("/metrics", "application/json", True),
         ("/metrics", PROMETHEUS_ACCEPT, False),
         ("/metrics", "text/plain", False),

@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+_TEXT = b"text/plain; charset=utf-8"
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # outputs decoded from replicas may be NumPy values
 
 
@@ -90,7 +91,8 @@ class RestReply:
         self.respond(200, body, JSON)
 
     def received(self) -> None:
-        self.respond(200, b"Feedback received? 1", JSON)  # the original's answer, verbatim
+        # The original's answer, verbatim, and labelled as what it is: text, not JSON.
+        self.respond(200, b"Feedback received? 1", _TEXT)
 
     def fail(self, err: RequestError) -> None:
         self.respond(err.status, error_body(err), JSON)
@@ -207,10 +209,11 @@ class AdminRoutes:
 
 
 def _metrics_as_json(headers: dict[bytes, bytes]) -> bool:
-    """``?format=json|prometheus`` decides; else Accept: Prometheus scrapers ask for
-    text/plain or OpenMetrics and get text, as does a client that sends no Accept; JSON
-    clients, and clients that take anything (the original clipper_admin's
-    ``inspect_instance()`` sends ``*/*`` and reads JSON), get JSON."""
+    """``?format=json|prometheus`` decides; else Accept: JSON for a client that asks for
+    application/json; Prometheus text for everyone else (scrapers send text/plain or
+    OpenMetrics; curl and browsers take anything and read text). The one exception is the
+    original clipper_admin's ``inspect_instance()``, which sends python-requests' ``*/*`` and
+    decodes JSON: a python-requests client that takes anything gets JSON."""
     query = headers.get(b":query", b"")
     if b"format=json" in query:
         return True
@@ -221,4 +224,8 @@ def _metrics_as_json(headers: dict[bytes, bytes]) -> bool:
         return False
     if b"application/json" in accept:
         return True
-    return not (b"text/plain" in accept or b"openmetrics" in accept)
+    if b"text/plain" in accept or b"openmetrics" in accept:
+        return False
+    return accept.strip() == b"*/*" and headers.get(b"user-agent", b"").startswith(
+        b"python-requests/"
+    )
