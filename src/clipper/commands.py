@@ -84,8 +84,9 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     )
     m.add_argument(
         "path",
-        help="a cloudpickle/joblib file (function, estimator, object with predict), "
-        "an .onnx file, or an artifact directory",
+        help="a model file, recognised by its content: a cloudpickle/joblib file (function, "
+        "estimator, object with predict), a torch.save or TorchScript file, an XGBoost "
+        ".json/.ubj model, a LightGBM text model, an ONNX file; or an artifact directory",
     )
     m.add_argument("--name", required=True)
     m.add_argument("--version", required=True)
@@ -305,12 +306,13 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
         controller=args.controller, max_batch_size=args.max_batch_size,
         max_wait_micros=args.max_wait_micros, wait=args.wait,
     )  # fmt: skip
-    if path.is_dir() or (path.suffix == ".onnx" and args.framework in (None, "onnx")):
-        kwargs: dict[str, Any] = (
-            {"artifact": path} if path.is_dir() else {"model": str(path), "framework": "onnx"}
-        )
-    else:
-        kwargs = {"model": _load_object(path), "framework": args.framework}
+    if path.is_dir():
+        kwargs: dict[str, Any] = {"artifact": path}
+    else:  # what the file holds, from its content (imported here: numpy is slow to import)
+        from clipper.deployers.files import read_model_file
+
+        found = read_model_file(path)
+        kwargs = {"model": found.model, "framework": args.framework or found.framework}
     _progress(
         f"deploying {args.name}:{args.version} ({args.replicas} replicas)",
         lambda: client.deploy_model(
@@ -320,23 +322,6 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
         args,
     )  # fmt: skip
     return f"deployed {args.name}:{args.version}: {args.replicas} replicas ready, serving"
-
-
-def _load_object(path: Path) -> Any:
-    """A pickled model: cloudpickle reads plain pickles too; joblib files when it is there."""
-    import pickle
-
-    import cloudpickle
-
-    try:
-        with path.open("rb") as f:
-            return cloudpickle.load(f)
-    except (pickle.UnpicklingError, EOFError, ValueError, KeyError):
-        try:
-            import joblib
-        except ImportError:
-            raise ConfigError(f"{path} is not a pickle file") from None
-        return joblib.load(path)
 
 
 def _progress(what: str, call: Callable[[], T], args: argparse.Namespace) -> T:
