@@ -115,6 +115,11 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     m = model.add_parser("delete", parents=[common], help="stop and delete a model version")
     m.add_argument("name")
     m.add_argument("version")
+    m.add_argument(
+        "--force",
+        action="store_true",
+        help="delete it even if it is the current version serving an application",
+    )
     model.add_parser("list", parents=[common], help="list model versions")
 
     link = sub.add_parser("link", parents=[common], help="link a model to an application")
@@ -230,7 +235,7 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
         )
         out = f"{args.name} now serves version {args.version}"
     elif cmd == "model" and action == "delete":
-        client.delete_model_version(args.name, args.version)
+        client.delete_model_version(args.name, args.version, force=args.force)
         out = f"deleted {args.name}:{args.version}"
     elif cmd == "model" and action == "list":
         return _show(

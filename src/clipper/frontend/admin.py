@@ -65,6 +65,7 @@ from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager
 from clipper.metrics import Metrics
 from clipper.registry import Application, ModelVersion, Registry, check_name
+from clipper.runtime.control import LiveVersionError
 from clipper.store.base import StoreError
 
 if TYPE_CHECKING:
@@ -466,10 +467,12 @@ class AdminApi:
     async def _delete_versioned_model(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "model_name")
         version = str_field(doc, "model_version")
+        force = bool_field(doc, "force", False)
         if version not in self.registry.models.get(name, {}):
             raise OperationError(f"Model with name '{name}' and version '{version}' does not exist")
-        # The version is removed; its processes drain what they hold and stop.
-        await self.control.delete_version(name, version)
+        # The version is removed; its processes drain what they hold and stop. The version an
+        # application is served by goes only with force (409 otherwise).
+        await self.control.delete_version(name, version, force=force)
         return text_reply(f"Successfully deleted model with name '{name}' and version '{version}'")
 
     # -- deployment (extensions) ---------------------------------------------------------------
@@ -764,6 +767,8 @@ def error_reply(respond: Respond, route: str, err: BaseException) -> None:
         respond(503, f"the change was not made: the config store failed: {err}".encode(), TEXT)
     elif isinstance(err, asyncio.CancelledError):
         respond(503, b"the frontend is shutting down", TEXT)
+    elif isinstance(err, LiveVersionError):
+        respond(409, str(err).encode(), TEXT)
     elif isinstance(err, OperationError | ClipperError):
         respond(400, str(err).encode(), TEXT)
     else:

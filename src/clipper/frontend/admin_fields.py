@@ -83,7 +83,9 @@ SCHEMAS: dict[str, str] = {
     "add_model_links": '{"app_name" := string, "model_names" := [string]}',
     "delete_model_links": '{"app_name" := string, "model_names" := [string]}',
     "set_model_version": '{"model_name" := string, "model_version" := string}',
-    "delete_versioned_model": '{"model_name" := string, "model_version" := string}',
+    "delete_versioned_model": (
+        '{"model_name" := string, "model_version" := string, "force" := bool (optional)}'
+    ),
     "get_all_applications": '{"verbose" := bool}',
     "get_application": '{"name" := string}',
     "get_linked_models": '{"app_name" := string}',

@@ -136,10 +136,11 @@ class QueryRoutes:
                 json_response(respond, 200, {"status": "ok"})
                 return
             if path in ("/ready", "/health/ready"):
-                missing = self.svc.catalog.unready()
+                reasons = self.svc.catalog.reasons()
                 json_response(
-                    respond, 200 if not missing else 503,
-                    {"ready": not missing, "models_without_replicas": missing},
+                    respond, 200 if not reasons else 503,
+                    {"ready": not reasons, "models_without_replicas": self.svc.catalog.unready(),
+                     "reasons": reasons},
                 )  # fmt: skip
                 return
         if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol (V2)
