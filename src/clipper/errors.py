@@ -18,7 +18,9 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │   └── AnswerFailed       an accepted query whose answer could not be encoded (500)
     │                          [frontend.prediction]
     ├── RegistryError          applications, models, links: duplicate, unknown, incompatible
-    │   └── OperationError     an admin operation refused (400) [frontend.admin_fields]
+    │   ├── OperationError     an admin operation refused (400) [frontend.admin_fields]
+    │   └── LiveVersionError   deleting a version applications are served by, unforced (409)
+    │                          [runtime.control]
     ├── FieldError             an admin body off its route's schema [frontend.admin_fields]
     ├── ArchiveTooLarge        upload over its unpacked size or file limit [frontend.admin_fields]
     ├── StoreError             the config store's backend failed; nothing changed (503) [store.base]
