@@ -109,6 +109,7 @@ class Client:
         *,
         cache: bool = True,
         overload: str = "default",
+        on_model_error: str = "auto",
         **selection: Any,
     ) -> None:
         """``selection``: ``policy`` (single, exp3, exp4, epsilon_greedy, ucb1, thompson,
@@ -123,6 +124,7 @@ class Client:
                 "latency_slo_micros": latency_slo_micros,
                 "cache": cache,
                 "overload": overload,
+                **({"on_model_error": on_model_error} if on_model_error != "auto" else {}),
                 **selection,
             },
         )

@@ -16,7 +16,15 @@ from typing import Any, TypeVar
 
 import orjson
 
-from clipper.choices import CONTROLLERS, INPUT_TYPES, LOSSES, OVERLOAD, POLICIES, WAITS
+from clipper.choices import (
+    CONTROLLERS,
+    INPUT_TYPES,
+    LOSSES,
+    ON_MODEL_ERROR,
+    OVERLOAD,
+    POLICIES,
+    WAITS,
+)
 from clipper.client import Client
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
@@ -58,6 +66,12 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     a.add_argument("--slo-micros", type=int, default=100_000, help="latency objective")
     a.add_argument("--no-cache", action="store_true")
     a.add_argument("--overload", choices=OVERLOAD.names, default="default", help=OVERLOAD.help())
+    a.add_argument(
+        "--on-model-error",
+        choices=ON_MODEL_ERROR.names,
+        default="auto",
+        help=ON_MODEL_ERROR.help(),
+    )
     _selection_options(a)
     a = app.add_parser(
         "update",
@@ -69,6 +83,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     a.add_argument("--default-output")
     a.add_argument("--cache", choices=("on", "off"))
     a.add_argument("--overload", choices=OVERLOAD.names, help=OVERLOAD.help())
+    a.add_argument("--on-model-error", choices=ON_MODEL_ERROR.names, help=ON_MODEL_ERROR.help())
     _selection_options(a)
     a = app.add_parser(
         "delete", parents=[common], help="delete an application (its routes and links too)"
@@ -189,7 +204,8 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
         _json_text(args.default_output, "--default-output")
         client.register_application(
             args.name, args.input_type, args.default_output, args.slo_micros,
-            cache=not args.no_cache, overload=args.overload, **_selection_args(args),
+            cache=not args.no_cache, overload=args.overload,
+            on_model_error=args.on_model_error, **_selection_args(args),
         )  # fmt: skip
         out = f"registered application {args.name}"
     elif cmd == "app" and action == "update":
@@ -202,9 +218,14 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
             changes["cache"] = args.cache == "on"
         if args.overload is not None:
             changes["overload"] = args.overload
+        if args.on_model_error is not None:
+            changes["on_model_error"] = args.on_model_error
         changes.update(_selection_args(args))
         if not changes:
-            _err("nothing to update: give --slo-micros, --default-output, --cache or --overload")
+            _err(
+                "nothing to update: give --slo-micros, --default-output, --cache, --overload, "
+                "--on-model-error or a selection option"
+            )
             return EXIT_USAGE
         client.update_application(args.name, **changes)
         out = f"updated application {args.name}"

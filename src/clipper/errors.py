@@ -15,8 +15,10 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │   ├── Misconfigured      a policy its links cannot serve (503) [frontend.ensemble]
     │   ├── NoPrediction       feedback for an input no model answered (503) [frontend.ensemble]
     │   ├── FeedbackError      feedback that failed while learned from (400) [frontend.ensemble]
-    │   └── AnswerFailed       an accepted query whose answer could not be encoded (500)
-    │                          [frontend.prediction]
+    │   ├── AnswerFailed       an accepted query whose answer could not be encoded (500)
+    │   │                      [frontend.prediction]
+    │   └── ModelFailed        a model raised, answered as an error (500 / INTERNAL)
+    │                          [frontend.model_failure]
     ├── RegistryError          applications, models, links: duplicate, unknown, incompatible
     │   ├── OperationError     an admin operation refused (400) [frontend.admin_fields]
     │   └── LiveVersionError   deleting a version applications are served by, unforced (409)

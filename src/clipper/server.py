@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import PredictionCache
-from clipper.choices import Overload
+from clipper.choices import OnModelError, Overload
 from clipper.clock import Clock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.deployers import package
@@ -336,6 +336,7 @@ class Clipper:
         *,
         cache: bool = True,
         overload: Overload = "default",
+        on_model_error: OnModelError = "auto",
         policy: str = "single",
         policy_params: dict[str, Any] | None = None,
         min_confidence: float = 0.0,
@@ -352,6 +353,7 @@ class Clipper:
             latency_slo_micros=latency_slo_micros,
             cache=cache,
             overload=overload,
+            on_model_error=on_model_error,
             policy=policy,
             policy_params=dict(policy_params or {}),
             min_confidence=min_confidence,

@@ -310,7 +310,8 @@ def test_every_reply_answers_500_when_encoding_raises() -> None:
     assert "encoding a Clipper REST answer failed" in doc["cause"]
     got.clear()
     req = InferRequest([], None, binary_output=True)
-    v2._V2Reply(lambda status, data, ctype=b"": got.append((status, data)), "a", "1", req).answer(
+    app = Application("a", InputType.DOUBLES, "null", 1000)
+    v2._V2Reply(lambda status, data, ctype=b"": got.append((status, data)), app, "1", req).answer(
         bad
     )
     assert got[0][0] == 500

@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from clipper.choices import OVERLOAD
+from clipper.choices import ON_MODEL_ERROR, OVERLOAD, OnModelError
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, NotFoundError, RegistryError
 from clipper.frontend.admin_fields import (
@@ -260,6 +260,7 @@ class AdminApi:
             latency_slo_micros=slo,
             cache=cache,
             overload="reject" if overload == "reject" else "default",
+            on_model_error=_on_model_error(doc, "auto"),
             **_selection_fields(doc),
         )
         await self.control.add_app(app)
@@ -286,6 +287,8 @@ class AdminApi:
             if overload not in OVERLOAD:
                 raise OperationError(OVERLOAD.unknown(overload))
             changes["overload"] = overload
+        if "on_model_error" in doc:
+            changes["on_model_error"] = _on_model_error(doc)
         changes.update(_selection_fields(doc))
         unknown = sorted(set(doc) - {"name", *changes})
         if unknown:
@@ -306,6 +309,8 @@ class AdminApi:
             for key in ("policy", "policy_params", "min_confidence", "loss", "loss_scale"):
                 doc[key] = record[key]
             doc["online_learning"] = app.online_learning
+        if app.on_model_error != "auto":
+            doc["on_model_error"] = app.on_model_error
         return doc
 
     def _get_all_applications(self, doc: dict[str, Any]) -> Reply:
@@ -774,6 +779,13 @@ def error_reply(respond: Respond, route: str, err: BaseException) -> None:
     else:
         log.error("unexpected error in admin operation %s", route, exc_info=err)
         respond(500, b"An unexpected error occurred!", TEXT)
+
+
+def _on_model_error(doc: dict[str, Any], default: str | None = None) -> OnModelError:
+    value = str_field(doc, "on_model_error", default)
+    if value not in ON_MODEL_ERROR:
+        raise OperationError(ON_MODEL_ERROR.unknown(value))
+    return value  # type: ignore[return-value]  # one of the Literal's names, checked above
 
 
 def _selection_fields(doc: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from clipper.choices import CONTROLLERS, LOSSES, OVERLOAD, POLICIES, WAITS
+from clipper.choices import CONTROLLERS, LOSSES, ON_MODEL_ERROR, OVERLOAD, POLICIES, WAITS
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError
 from clipper.frontend.http import JSON
@@ -72,7 +72,8 @@ SCHEMAS: dict[str, str] = {
     "add_app": (
         '{"name" := string, "input_type" := ' + _INPUT_TYPES + ', "default_output" := string, '
         '"latency_slo_micros" := int, "cache" := bool (optional), '
-        f'"overload" := {OVERLOAD.schema()} (optional)' + _SELECTION
+        f'"overload" := {OVERLOAD.schema()} (optional), '
+        f'"on_model_error" := {ON_MODEL_ERROR.schema()} (optional)' + _SELECTION
     ),
     "delete_app": '{"name" := string}',
     "add_model": (
@@ -118,7 +119,8 @@ SCHEMAS: dict[str, str] = {
     "update_app": (
         '{"name" := string, "latency_slo_micros" := int (optional), '
         '"default_output" := string (optional), "cache" := bool (optional), '
-        f'"overload" := {OVERLOAD.schema()} (optional)' + _SELECTION
+        f'"overload" := {OVERLOAD.schema()} (optional), '
+        f'"on_model_error" := {ON_MODEL_ERROR.schema()} (optional)' + _SELECTION
     ),
     "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
     "get_logs": '{"max_bytes" := int (optional)}',

@@ -16,10 +16,12 @@ import orjson
 from clipper.errors import NotFoundError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.http import JSON, Respond, error_body, json_response
+from clipper.frontend.model_failure import model_failure
 from clipper.frontend.prediction import Prediction, answer_failed
 
 if TYPE_CHECKING:
     from clipper.frontend.admin import AdminApi
+    from clipper.registry import Application
     from clipper.runtime.catalog import QueryServices
 
 __all__ = [
@@ -77,12 +79,21 @@ class RestReply:
     """A Clipper REST request's :class:`~clipper.frontend.prediction.Reply` (predict) or
     :class:`~clipper.frontend.prediction.FeedbackReply` (update)."""
 
-    __slots__ = ("respond",)
+    __slots__ = ("app", "apps", "respond")
 
-    def __init__(self, respond: Respond) -> None:
+    def __init__(
+        self, respond: Respond, apps: dict[str, Application] | None = None, app: str = ""
+    ) -> None:
         self.respond = respond
+        self.apps = apps  # where the application's on_model_error is read, once answered
+        self.app = app
 
     def answer(self, predictions: list[Prediction]) -> None:
+        if self.apps is not None:
+            failed = model_failure(self.apps.get(self.app), predictions, errors_by_default=False)
+            if failed is not None:
+                self.fail(failed)
+                return
         try:
             body = encode_predictions(predictions)
         except Exception as e:  # called back by the query: must answer
@@ -104,6 +115,7 @@ class QueryRoutes:
     def __init__(self, svc: QueryServices) -> None:
         self.svc = svc
         self._predict = svc.processor.predict  # bound once: the hot path
+        self._apps = svc.catalog.registry.apps
 
     def __call__(
         self,
@@ -120,7 +132,7 @@ class QueryRoutes:
         if method == b"POST":
             app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
             if verb == "predict" and app:
-                self._predict(app, body, RestReply(respond), t0=t0)
+                self._predict(app, body, RestReply(respond, self._apps, app), t0=t0)
                 return
             if verb == "update" and app:
                 self.svc.processor.feedback(app, body, RestReply(respond))

@@ -28,6 +28,7 @@ from clipper.errors import BadInputError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
+from clipper.frontend.model_failure import model_failure
 from clipper.frontend.prediction import Prediction, answer_failed
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
@@ -144,15 +145,20 @@ class InferReply:
     the ModelInferResponse (:func:`encode_response`) and hands it to :meth:`deliver`; an error
     goes to :meth:`fail`. Each transport says how to deliver."""
 
-    __slots__ = ("infer", "model", "version")
+    __slots__ = ("app", "infer", "model", "version")
 
     def __init__(self) -> None:
         self.model = ""
         self.version = ""
         self.infer: InferRequest | None = None
+        self.app: Application | None = None
 
     def answer(self, predictions: list[Prediction]) -> None:
         assert self.infer is not None
+        failed = model_failure(self.app, predictions, errors_by_default=True)
+        if failed is not None:  # a model raised: INTERNAL with its message
+            self.fail(failed)
+            return
         try:
             response = encode_response(self.model, self.version, self.infer, predictions)
         except Exception as e:
@@ -178,6 +184,7 @@ def submit_infer(svc: QueryServices, request: Any, reply: InferReply) -> None:
         version = request.model_version or None
         reply.version = resolve_version(svc.catalog.registry, app, version)
         reply.model = app.name
+        reply.app = app
         reply.infer = infer
         processor = svc.processor
         processor.predict_payloads(
