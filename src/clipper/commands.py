@@ -297,6 +297,7 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
                     "model_name",
                     "model_version",
                     "replica_id",
+                    "slot",
                     "framing",
                     "in_flight_batches",
                     "seconds_since_heard",

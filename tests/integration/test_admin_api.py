@@ -447,6 +447,9 @@ async def test_deploy_model_from_a_path(clipper: Clipper, artifacts: dict[str, P
     # The extension's details: pid, framing, latency.
     [replica] = await ok_json(clipper, "get_replicas", {"model_name": "m-deploy"})
     assert replica["replica_id"] == 0
+    # Its log is named by its slot, which `clipper status` shows beside the replica id.
+    assert replica["slot"] == 0 and replica["log"] == "m-deploy-1-0.log"
+    assert (clipper.state_dir / "logs" / replica["log"]).exists()
     assert replica["framing"] == "fast"
     assert replica["restarts"] == 0
     assert pid_alive(replica["pid"])

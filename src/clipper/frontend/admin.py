@@ -728,6 +728,10 @@ class AdminApi:
                     "restarts": proc.restarts if proc is not None else None,
                     "state": proc.state if proc is not None else "connected",
                     "location": proc.location if proc is not None else None,
+                    # The process slot: the replica's log is <model>-<version>-<slot>.log
+                    # (replica_id counts connections, so it moves on at every restart).
+                    "slot": proc.slot if proc is not None else None,
+                    "log": _log_name(proc),
                 }
             )
         return json_reply(out)
@@ -779,6 +783,12 @@ def error_reply(respond: Respond, route: str, err: BaseException) -> None:
     else:
         log.error("unexpected error in admin operation %s", route, exc_info=err)
         respond(500, b"An unexpected error occurred!", TEXT)
+
+
+def _log_name(proc: Any) -> str | None:
+    """The file name of a local replica's log (in <state dir>/logs), else None."""
+    path = getattr(proc, "log_path", None)
+    return path.name if isinstance(path, Path) else None
 
 
 def _on_model_error(doc: dict[str, Any], default: str | None = None) -> OnModelError:

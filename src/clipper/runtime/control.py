@@ -148,8 +148,8 @@ class Control:
         retire_previous: bool = True,
     ) -> None:
         """Switch ``name``'s traffic to ``version`` (forward or back) without failing a query:
-        its replicas start (as many as the current version runs), traffic switches once they
-        are connected, and the previous version drains and stops (or keeps running, with
+        its replicas start (its own recorded count; the current version's when it has none),
+        traffic switches once they are connected, and the previous version drains and stops (or keeps running, with
         ``retire_previous=False``), staying registered for a later rollback."""
         target = self.registry.get_model(name, version)
         previous = self.registry.current.get(name)
