@@ -149,8 +149,9 @@ class Control:
     ) -> None:
         """Switch ``name``'s traffic to ``version`` (forward or back) without failing a query:
         its replicas start (its own recorded count; the current version's when it has none),
-        traffic switches once they are connected, and the previous version drains and stops (or keeps running, with
-        ``retire_previous=False``), staying registered for a later rollback."""
+        traffic switches once they are connected, and the previous version drains and stops
+        (or keeps running, with ``retire_previous=False``), staying registered for a later
+        rollback."""
         target = self.registry.get_model(name, version)
         previous = self.registry.current.get(name)
         if previous == version:
