@@ -340,14 +340,19 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
 
         found = read_model_file(path)
         kwargs = {"model": found.model, "framework": args.framework or found.framework}
-    _progress(
-        f"deploying {args.name}:{args.version} ({args.replicas} replicas)",
-        lambda: client.deploy_model(
-            args.name, args.version, input_type=args.input_type,
-            num_replicas=args.replicas, batching=batching, **kwargs,
-        ),
-        args,
-    )  # fmt: skip
+    try:
+        _progress(
+            f"deploying {args.name}:{args.version} ({args.replicas} replicas)",
+            lambda: client.deploy_model(
+                args.name, args.version, input_type=args.input_type,
+                num_replicas=args.replicas, batching=batching, **kwargs,
+            ),
+            args,
+        )  # fmt: skip
+    except (ClipperError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # the framework's own failure while packaging: one line
+        raise ConfigError(f"{path}: packaging the model failed: {type(e).__name__}: {e}") from e
     return f"deployed {args.name}:{args.version}: {args.replicas} replicas ready, serving"
 
 

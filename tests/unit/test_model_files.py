@@ -165,3 +165,35 @@ def test_what_is_not_a_readable_model_is_one_line(
         read_model_file(file)
     assert said in str(e.value) and str(file) in str(e.value)
     assert "\n" not in str(e.value)
+
+
+class PicklesOnce:
+    """Loads, but refuses to be pickled again: packaging it fails inside cloudpickle."""
+
+    def predict(self, xs: Any) -> Any:
+        return xs
+
+    def __getstate__(self) -> dict[str, Any]:
+        if getattr(self, "loaded", False):
+            raise RuntimeError("this object cannot be pickled twice")
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, loaded=True)
+
+
+def test_a_model_that_fails_to_package_is_one_line_from_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from clipper import cli
+
+    file = tmp_path / "once.pkl"
+    file.write_bytes(pickle.dumps(PicklesOnce()))
+    argv = ["model", "deploy", str(file), "--name", "m", "--version", "1", "--input-type",
+            "doubles", "--admin-url", "http://127.0.0.1:1"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"clipper: {file}: packaging the model failed: RuntimeError: this object cannot be "
+        "pickled twice\n"
+    )
