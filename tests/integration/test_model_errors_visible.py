@@ -126,6 +126,23 @@ async def test_a_crashed_replica_is_a_replica_failure_not_a_missed_slo() -> None
             "No replica of model dying:1 is alive: the replica holding this query failed or "
             "left before answering"
         )
+        # A selection policy's query, whose chosen models' replicas all crash with it.
+        await asyncio.gather(
+            c.deploy_model("d1", "1", models.dies_on_negative, input_type="doubles"),
+            c.deploy_model("d2", "1", models.dies_on_negative, input_type="doubles"),
+        )
+        await c.register_application("pair", "doubles", "-1.0", 500_000, policy="exp4")
+        await c.link_model_to_app("pair", "d1")
+        await c.link_model_to_app("pair", "d2")
+        doc = await predict_ok(c.query_url, "pair", {"input": [-1.0]})
+        assert doc["default"] is True
+        assert doc["default_explanation"] == (
+            "No replica of a chosen model is alive: the replicas holding this query (d1, d2) "
+            "failed or left before answering"
+        )
         stats = await metrics_json(c)
-        assert stats['clipper_app_default_outputs_total{app="app",reason="no_replica"}'] == 1
-        assert 'clipper_app_default_outputs_total{app="app",reason="slo"}' not in stats
+        for app in ("app", "pair"):
+            assert (
+                stats[f'clipper_app_default_outputs_total{{app="{app}",reason="no_replica"}}'] == 1
+            )
+            assert f'clipper_app_default_outputs_total{{app="{app}",reason="slo"}}' not in stats
