@@ -24,6 +24,7 @@ __all__ = [
     "INPUT_TYPES",
     "LOSSES",
     "MANAGERS",
+    "ON_MODEL_ERROR",
     "OVERLOAD",
     "POLICIES",
     "STORES",
@@ -35,6 +36,7 @@ __all__ = [
     "InputTypeName",
     "LossName",
     "ManagerScheme",
+    "OnModelError",
     "Option",
     "Overload",
     "PolicyName",
@@ -245,6 +247,20 @@ OVERLOAD = Choice(
     {
         "default": Option("a shed query gets the application's default output"),
         "reject": Option("a shed query gets 503 Service unavailable"),
+    },
+)
+
+OnModelError = Literal["auto", "error", "default"]
+ON_MODEL_ERROR = Choice(
+    "model error answer",
+    OnModelError,
+    {
+        "auto": Option(
+            "V2 REST and gRPC answer an error (500 / INTERNAL) with the model's message; the "
+            "Clipper REST API answers the default output, as the original"
+        ),
+        "error": Option("every protocol answers an error (500 / INTERNAL) with the message"),
+        "default": Option("every protocol answers the default output and the reason"),
     },
 )
 

@@ -1,4 +1,5 @@
-"""The ``clipper`` command. Every flag also reads an environment variable (CLIPPER_*)."""
+"""The ``clipper`` command. Every flag also reads an environment variable: CLIPPER_<OPTION> for
+``clipper start`` and the connection options, CLIPPER_<COMMAND>_<OPTION> for the rest."""
 
 from __future__ import annotations
 
@@ -51,7 +52,35 @@ def _parser() -> argparse.ArgumentParser:
 
     add_commands(sub, _env)
     add_render_command(sub)
+    for parser in _parsers(p):
+        parser.formatter_class = _HelpFormatter
     return p
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser and every subcommand's parser under it."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += _parsers(child)
+    return found
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default (choices show in the option's own syntax)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and default not in (None, False, argparse.SUPPRESS)
+            and "(default" not in text
+            and not isinstance(action, argparse._HelpAction | argparse._VersionAction)
+        ):
+            text = f"{text} (default: {default})".strip()
+        return text.replace("%", "%%") if "%(" not in text else text
 
 
 def _flag(name: str) -> str:
@@ -139,19 +168,29 @@ def config_from_args(args: argparse.Namespace, config: type[T]) -> T:
     return config(**{n: getattr(args, n) for n in names})
 
 
-def _env_defaults(parser: argparse.ArgumentParser) -> None:
-    """Every option also reads CLIPPER_<OPTION> (``--input-type`` is CLIPPER_INPUT_TYPE),
-    unless it names its variable in its help already; a set variable also satisfies a
-    required option."""
+def _env_defaults(parser: argparse.ArgumentParser, prefix: str = "CLIPPER_") -> None:
+    """Every option also reads an environment variable, unless it names its variable in its help
+    already; a set variable also satisfies a required option.
+
+    ``clipper start``'s options (the frontend's settings) read CLIPPER_<OPTION> (``--query-port``
+    is CLIPPER_QUERY_PORT). Every other subcommand's own options carry the command in the name
+    (``model deploy --version`` is CLIPPER_MODEL_DEPLOY_VERSION, ``predict --version``
+    CLIPPER_PREDICT_VERSION), so a variable exported for one command never changes another:
+    CLIPPER_VERSION set for a deploy once pinned every later ``predict`` to that version."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                _env_defaults(child)
+            for name, child in action.choices.items():
+                own = prefix if name == "start" else f"{prefix}{_var(name)}_"
+                _env_defaults(child, own)
             continue
         longs = [o for o in action.option_strings if o.startswith("--")]
-        if not longs or longs[0] == "--help" or "[CLIPPER_" in (action.help or ""):
+        if (
+            not longs
+            or isinstance(action, argparse._HelpAction | argparse._VersionAction)
+            or "[CLIPPER_" in (action.help or "")
+        ):
             continue
-        var = "CLIPPER_" + longs[0][2:].upper().replace("-", "_")
+        var = prefix + _var(longs[0][2:])
         action.help = f"{action.help or ''} [{var}]".strip()
         value = os.environ.get(var)
         if value is None:
@@ -161,6 +200,10 @@ def _env_defaults(parser: argparse.ArgumentParser) -> None:
         else:
             action.default = value  # argparse applies the option's type to string defaults
             action.required = False
+
+
+def _var(name: str) -> str:
+    return name.upper().replace("-", "_")
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -210,17 +253,17 @@ def _start(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args, FrontendConfig)
     except ClipperError as e:
-        print(f"clipper: {e}", file=sys.stderr)
+        print(f"clipper start: {e}", file=sys.stderr)
         return 2
     import uvloop
 
     try:
         uvloop.run(_serve(config, args.demo))
-    except ClipperError as e:
-        print(f"clipper: {e}", file=sys.stderr)
+    except ClipperError as e:  # a taken port (runtime/ports.py), a locked state directory
+        print(f"clipper start: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        print(f"clipper: cannot start: {e}", file=sys.stderr)
+        print(f"clipper start: cannot start: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -109,6 +109,7 @@ class Client:
         *,
         cache: bool = True,
         overload: str = "default",
+        on_model_error: str = "auto",
         **selection: Any,
     ) -> None:
         """``selection``: ``policy`` (single, exp3, exp4, epsilon_greedy, ucb1, thompson,
@@ -124,6 +125,7 @@ class Client:
                 "latency_slo_micros": latency_slo_micros,
                 "cache": cache,
                 "overload": overload,
+                **({"on_model_error": on_model_error} if on_model_error != "auto" else {}),
                 **selection,
             },
         )
@@ -230,8 +232,13 @@ class Client:
         )
         return result
 
-    def delete_model_version(self, name: str, version: str) -> None:
-        self.admin("delete_versioned_model", {"model_name": name, "model_version": version})
+    def delete_model_version(self, name: str, version: str, *, force: bool = False) -> None:
+        """Delete a version. The current version of a model linked to an application is
+        refused (409, a :class:`RegistryError` saying why) unless ``force``."""
+        doc: dict[str, Any] = {"model_name": name, "model_version": version}
+        if force:
+            doc["force"] = True
+        self.admin("delete_versioned_model", doc)
 
     # -- queries -----------------------------------------------------------------------------
     def predict(

@@ -17,7 +17,15 @@ from typing import Any, TypeVar
 import orjson
 
 from clipper.artifact_digest import content_digest
-from clipper.choices import CONTROLLERS, INPUT_TYPES, LOSSES, OVERLOAD, POLICIES, WAITS
+from clipper.choices import (
+    CONTROLLERS,
+    INPUT_TYPES,
+    LOSSES,
+    ON_MODEL_ERROR,
+    OVERLOAD,
+    POLICIES,
+    WAITS,
+)
 from clipper.cli_ops import OPERATOR_COMMANDS, add_operator_commands, run_operator_command
 from clipper.client import Client
 from clipper.config import BatchingConfig
@@ -61,6 +69,12 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     a.add_argument("--slo-micros", type=int, default=100_000, help="latency objective")
     a.add_argument("--no-cache", action="store_true")
     a.add_argument("--overload", choices=OVERLOAD.names, default="default", help=OVERLOAD.help())
+    a.add_argument(
+        "--on-model-error",
+        choices=ON_MODEL_ERROR.names,
+        default="auto",
+        help=ON_MODEL_ERROR.help(),
+    )
     _selection_options(a)
     a = app.add_parser(
         "update",
@@ -72,6 +86,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     a.add_argument("--default-output")
     a.add_argument("--cache", choices=("on", "off"))
     a.add_argument("--overload", choices=OVERLOAD.names, help=OVERLOAD.help())
+    a.add_argument("--on-model-error", choices=ON_MODEL_ERROR.names, help=ON_MODEL_ERROR.help())
     _selection_options(a)
     a = app.add_parser(
         "delete", parents=[common], help="delete an application (its routes and links too)"
@@ -97,8 +112,9 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     )
     m.add_argument(
         "path",
-        help="a cloudpickle/joblib file (function, estimator, object with predict), "
-        "an .onnx file, or an artifact directory",
+        help="a model file, recognised by its content: a cloudpickle/joblib file (function, "
+        "estimator, object with predict), a torch.save or TorchScript file, an XGBoost "
+        ".json/.ubj model, a LightGBM text model, an ONNX file; or an artifact directory",
     )
     m.add_argument("--name", required=True)
     m.add_argument("--version", required=True)
@@ -127,6 +143,11 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     m = model.add_parser("delete", parents=[common], help="stop and delete a model version")
     m.add_argument("name")
     m.add_argument("version")
+    m.add_argument(
+        "--force",
+        action="store_true",
+        help="delete it even if it is the current version serving an application",
+    )
     model.add_parser("list", parents=[common], help="list model versions")
 
     link = sub.add_parser("link", parents=[common], help="link a model to an application")
@@ -200,7 +221,8 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
         _json_text(args.default_output, "--default-output")
         client.register_application(
             args.name, args.input_type, args.default_output, args.slo_micros,
-            cache=not args.no_cache, overload=args.overload, **_selection_args(args),
+            cache=not args.no_cache, overload=args.overload,
+            on_model_error=args.on_model_error, **_selection_args(args),
         )  # fmt: skip
         out = f"registered application {args.name}"
     elif cmd == "app" and action == "update":
@@ -213,9 +235,14 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
             changes["cache"] = args.cache == "on"
         if args.overload is not None:
             changes["overload"] = args.overload
+        if args.on_model_error is not None:
+            changes["on_model_error"] = args.on_model_error
         changes.update(_selection_args(args))
         if not changes:
-            _err("nothing to update: give --slo-micros, --default-output, --cache or --overload")
+            _err(
+                "nothing to update: give --slo-micros, --default-output, --cache, --overload, "
+                "--on-model-error or a selection option"
+            )
             return EXIT_USAGE
         client.update_application(args.name, **changes)
         out = f"updated application {args.name}"
@@ -252,7 +279,7 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
         )
         out = f"{args.name} now serves version {args.version}"
     elif cmd == "model" and action == "delete":
-        client.delete_model_version(args.name, args.version)
+        client.delete_model_version(args.name, args.version, force=args.force)
         out = f"deleted {args.name}:{args.version}"
     elif cmd == "model" and action == "list":
         return _show(
@@ -290,40 +317,29 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
         controller=args.controller, max_batch_size=args.max_batch_size,
         max_wait_micros=args.max_wait_micros, wait=args.wait,
     )  # fmt: skip
-    if path.is_dir() or (path.suffix == ".onnx" and args.framework in (None, "onnx")):
-        kwargs: dict[str, Any] = (
-            {"artifact": path} if path.is_dir() else {"model": str(path), "framework": "onnx"}
-        )
-    else:
-        kwargs = {"model": _load_object(path), "framework": args.framework}
+    if path.is_dir():
+        kwargs: dict[str, Any] = {"artifact": path}
+    else:  # what the file holds, from its content (imported here: numpy is slow to import)
+        from clipper.deployers.files import read_model_file
+
+        found = read_model_file(path)
+        kwargs = {"model": found.model, "framework": args.framework or found.framework}
     # The file's digest: `clipper apply` of a file naming it then sees the same version.
     kwargs["source_sha256"] = content_digest(path)
-    _progress(
-        f"deploying {args.name}:{args.version} ({args.replicas} replicas)",
-        lambda: client.deploy_model(
-            args.name, args.version, input_type=args.input_type,
-            num_replicas=args.replicas, batching=batching, **kwargs,
-        ),
-        args,
-    )  # fmt: skip
-    return f"deployed {args.name}:{args.version}: {args.replicas} replicas ready, serving"
-
-
-def _load_object(path: Path) -> Any:
-    """A pickled model: cloudpickle reads plain pickles too; joblib files when it is there."""
-    import pickle
-
-    import cloudpickle
-
     try:
-        with path.open("rb") as f:
-            return cloudpickle.load(f)
-    except (pickle.UnpicklingError, EOFError, ValueError, KeyError):
-        try:
-            import joblib
-        except ImportError:
-            raise ConfigError(f"{path} is not a pickle file") from None
-        return joblib.load(path)
+        _progress(
+            f"deploying {args.name}:{args.version} ({args.replicas} replicas)",
+            lambda: client.deploy_model(
+                args.name, args.version, input_type=args.input_type,
+                num_replicas=args.replicas, batching=batching, **kwargs,
+            ),
+            args,
+        )  # fmt: skip
+    except (ClipperError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # the framework's own failure while packaging: one line
+        raise ConfigError(f"{path}: packaging the model failed: {type(e).__name__}: {e}") from e
+    return f"deployed {args.name}:{args.version}: {args.replicas} replicas ready, serving"
 
 
 def _progress(what: str, call: Callable[[], T], args: argparse.Namespace) -> T:

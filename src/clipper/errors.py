@@ -5,7 +5,8 @@ module to keep it so). Classes defined beside their only raiser name their modul
 
     ClipperError
     ├── ConfigError            invalid settings (bad port, unknown controller, ...)
-    │   └── DocumentError      a desired-state file that cannot be applied [declarative.document]
+    │   ├── DocumentError      a desired-state file that cannot be applied [declarative.document]
+    │   └── PortInUse          a port the frontend must bind is taken [runtime.ports]
     ├── RequestError           a client sent something we cannot serve -> an HTTP status
     │   ├── BadInputError      malformed JSON, wrong input type, missing keys (400)
     │   ├── NotFoundError      unknown application or route (404)
@@ -15,11 +16,15 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │   ├── Misconfigured      a policy its links cannot serve (503) [frontend.ensemble]
     │   ├── NoPrediction       feedback for an input no model answered (503) [frontend.ensemble]
     │   ├── FeedbackError      feedback that failed while learned from (400) [frontend.ensemble]
-    │   └── AnswerFailed       an accepted query whose answer could not be encoded (500)
-    │                          [frontend.prediction]
+    │   ├── AnswerFailed       an accepted query whose answer could not be encoded (500)
+    │   │                      [frontend.prediction]
+    │   └── ModelFailed        a model raised, answered as an error (500 / INTERNAL)
+    │                          [frontend.model_failure]
     ├── RegistryError          applications, models, links: duplicate, unknown, incompatible
     │   ├── OperationError     an admin operation refused (400) [frontend.admin_fields]
-    │   └── ApplyError         a step of `clipper apply` refused [declarative.apply]
+    │   ├── ApplyError         a step of `clipper apply` refused [declarative.apply]
+    │   └── LiveVersionError   deleting a version applications are served by, unforced (409)
+    │                          [runtime.control]
     ├── FieldError             an admin body off its route's schema [frontend.admin_fields]
     ├── ArchiveTooLarge        upload over its unpacked size or file limit [frontend.admin_fields]
     ├── StoreError             the config store's backend failed; nothing changed (503) [store.base]

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
-from clipper.choices import LOSSES, OVERLOAD, Overload
+from clipper.choices import LOSSES, ON_MODEL_ERROR, OVERLOAD, OnModelError, Overload
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
@@ -69,6 +69,9 @@ class Application:
     # What to do with a query that cannot meet its deadline: answer the default output at once,
     # or reject it with 503 so that a client with its own fallback can retry elsewhere.
     overload: Overload = "default"
+    # A query a model raised on: an error for the client, or the default output (docs/
+    # query-api.md); "auto" is each protocol's convention (V2: error, Clipper REST: default).
+    on_model_error: OnModelError = "auto"
     # The model selection layer: which linked models answer a query and how their outputs
     # combine ("single" is the original: one model). Its state learns from feedback, scored
     # by `loss` ("0/1", "squared", "absolute"; `loss_scale` is where a loss saturates).
@@ -104,6 +107,8 @@ class Application:
             raise RegistryError("default_output must be a string (JSON text is embedded as JSON)")
         if self.overload not in OVERLOAD:
             raise RegistryError(OVERLOAD.unknown(self.overload))
+        if self.on_model_error not in ON_MODEL_ERROR:
+            raise RegistryError(ON_MODEL_ERROR.unknown(self.on_model_error))
         if not 0.0 <= self.min_confidence <= 1.0:
             raise RegistryError(f"min_confidence must be in [0, 1], got {self.min_confidence!r}")
         if self.loss not in LOSSES:
@@ -145,6 +150,7 @@ class Application:
             "latency_slo_micros": self.latency_slo_micros,
             "cache": self.cache,
             "overload": self.overload,
+            "on_model_error": self.on_model_error,
             "policy": self.policy,
             "policy_params": dict(self.policy_params),
             "min_confidence": self.min_confidence,
@@ -162,6 +168,7 @@ class Application:
             latency_slo_micros=int(r["latency_slo_micros"]),
             cache=bool(r.get("cache", True)),
             overload=r.get("overload", "default"),
+            on_model_error=r.get("on_model_error", "auto"),
             policy=r.get("policy", "single"),
             policy_params=dict(r.get("policy_params", {})),
             min_confidence=float(r.get("min_confidence", 0.0)),

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import PredictionCache
-from clipper.choices import Overload
+from clipper.choices import OnModelError, Overload
 from clipper.clock import Clock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.dashboard import Dashboard
@@ -48,6 +48,7 @@ from clipper.rpc.artifacts import ArtifactServer
 from clipper.rpc.server import RpcServer
 from clipper.runtime.catalog import Catalog, QueryServices
 from clipper.runtime.control import Control
+from clipper.runtime.ports import binding
 from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
 from clipper.runtime.state_lock import StateLock
@@ -258,7 +259,8 @@ class Clipper:
             await self.store.open()
             stack.push_async_callback(self.store.close)
             await self.artifacts.start()
-            await self.rpc.start()
+            with binding("rpc_port", self.config.rpc_port):
+                await self.rpc.start()
             stack.push_async_callback(self.artifacts.stop)
             stack.push_async_callback(self.rpc.stop)
             stack.callback(self._close_schedulers)
@@ -272,9 +274,11 @@ class Clipper:
             stack.callback(self.loop_lag.stop)
             self.metrics_window.start()
             stack.callback(self.metrics_window.stop)
-            await self.http.start()
+            with binding("query_port", self.config.query_port):
+                await self.http.start()
             stack.push_async_callback(self.http.stop)
-            await self.admin_http.start()
+            with binding("admin_port", self.config.admin_port):
+                await self.admin_http.start()
             stack.push_async_callback(self.admin_http.stop)
             if self.dashboard is not None:
                 # Stopped before the admin port: its streams are cut at once, not flushed to a
@@ -282,7 +286,8 @@ class Clipper:
                 self.dashboard.start()
                 stack.push_async_callback(self.dashboard.stop)
             if self.grpc is not None:
-                await self.grpc.start()
+                with binding("grpc_port", self.config.grpc_port or 0):
+                    await self.grpc.start()
                 stack.push_async_callback(self.grpc.stop)
             if self.processor.selection is not None:
                 stack.push_async_callback(self.processor.selection.stop)
@@ -367,6 +372,7 @@ class Clipper:
         *,
         cache: bool = True,
         overload: Overload = "default",
+        on_model_error: OnModelError = "auto",
         policy: str = "single",
         policy_params: dict[str, Any] | None = None,
         min_confidence: float = 0.0,
@@ -385,6 +391,7 @@ class Clipper:
             latency_slo_micros=latency_slo_micros,
             cache=cache,
             overload=overload,
+            on_model_error=on_model_error,
             policy=policy,
             policy_params=dict(policy_params or {}),
             min_confidence=min_confidence,

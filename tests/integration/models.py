@@ -134,3 +134,10 @@ def chatty_failure(xs: Any) -> list[Any]:
     """Prints a line and raises on every batch: what fills a replica log."""
     print("chatty model output " + "x" * 200, flush=True)
     raise ValueError(f"cannot take a batch of {len(xs)}")
+
+
+def dies_on_negative(xs: Any) -> list[float]:
+    """A replica that crashes (the process exits) on a negative first value."""
+    if any(float(np.asarray(x)[0]) < 0 for x in xs):
+        os._exit(3)
+    return row_sums(xs)

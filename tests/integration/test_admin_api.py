@@ -447,6 +447,9 @@ async def test_deploy_model_from_a_path(clipper: Clipper, artifacts: dict[str, P
     # The extension's details: pid, framing, latency.
     [replica] = await ok_json(clipper, "get_replicas", {"model_name": "m-deploy"})
     assert replica["replica_id"] == 0
+    # Its log is named by its slot, which `clipper status` shows beside the replica id.
+    assert replica["slot"] == 0 and replica["log"] == "m-deploy-1-0.log"
+    assert (clipper.state_dir / "logs" / replica["log"]).exists()
     assert replica["framing"] == "fast"
     assert replica["restarts"] == 0
     assert pid_alive(replica["pid"])
@@ -771,7 +774,7 @@ async def test_admin_beyond_loopback_needs_a_token() -> None:
 
 # -- GET /metrics content negotiation (query port) -------------------------------------------
 # clipper_admin's inspect_instance() sends requests' "Accept: */*" and calls .json();
-# Prometheus sends openmetrics/text-plain. See docs/admin-api.md.
+# Prometheus sends openmetrics/text-plain; curl sends */* and shows text. See docs/admin-api.md.
 
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
@@ -782,7 +785,7 @@ PROMETHEUS_ACCEPT = (
 @pytest.mark.parametrize(
     ("path", "accept", "want_json"),
     [
-        ("/metrics", "*/*", True),
+        ("/metrics", "*/*", False),
         ("/metrics", "application/json", True),
         ("/metrics", PROMETHEUS_ACCEPT, False),
         ("/metrics", "text/plain", False),
@@ -803,6 +806,17 @@ async def test_metrics_negotiation(
     else:
         assert ctype.startswith("text/plain")
         assert b"# TYPE " in body
+
+
+async def test_metrics_for_python_requests_taking_anything_is_json(clipper: Clipper) -> None:
+    """What clipper_admin's inspect_instance() sends (and then decodes as JSON)."""
+    headers = {"Accept": "*/*", "User-Agent": "python-requests/2.32.3"}
+    status, ctype, body = await asyncio.to_thread(http_get, f"{clipper.query_url}/metrics", headers)
+    assert (status, ctype) == (200, "application/json")
+    assert isinstance(orjson.loads(body), dict)
+    headers["User-Agent"] = "curl/8.5.0"
+    status, ctype, body = await asyncio.to_thread(http_get, f"{clipper.query_url}/metrics", headers)
+    assert ctype.startswith("text/plain") and body.count(b"\n") > 10
 
 
 async def test_metrics_without_accept_stays_text(clipper: Clipper) -> None:

@@ -21,6 +21,7 @@ async def feedback(c: Clipper, app: str, doc: dict[str, Any]) -> None:
     resp = await post_json(f"{c.query_url}/{app}/update", doc)
     assert resp.status == 200, resp.body
     assert resp.body == b"Feedback received? 1"
+    assert resp.headers["content-type"] == "text/plain; charset=utf-8"
 
 
 async def deploy(c: Clipper, *pairs: tuple[str, Any]) -> None:

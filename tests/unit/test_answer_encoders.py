@@ -76,15 +76,16 @@ def test_rest_reply_renders_answers_and_refusals() -> None:
 def test_rest_reply_renders_feedback_outcomes() -> None:
     from clipper.frontend.ensemble import FeedbackError, NoPrediction
 
-    got: list[tuple[int, bytes]] = []
-    reply = RestReply(lambda status, data, ctype=b"": got.append((status, data)))
+    got: list[tuple[int, bytes, bytes]] = []
+    reply = RestReply(lambda status, data, ctype=b"": got.append((status, data, ctype)))
     reply.received()
     reply.fail(FeedbackError("bad label"))
     reply.fail(NoPrediction("no model"))
+    json = b"application/json"
     assert got == [
-        (200, b"Feedback received? 1"),
-        (400, b'{"error":"Feedback error","cause":"bad label"}'),
-        (503, b'{"error":"Service unavailable","cause":"no model"}'),
+        (200, b"Feedback received? 1", b"text/plain; charset=utf-8"),  # says text: it is text
+        (400, b'{"error":"Feedback error","cause":"bad label"}', json),
+        (503, b'{"error":"Service unavailable","cause":"no model"}', json),
     ]
 
 
@@ -309,7 +310,8 @@ def test_every_reply_answers_500_when_encoding_raises() -> None:
     assert "encoding a Clipper REST answer failed" in doc["cause"]
     got.clear()
     req = InferRequest([], None, binary_output=True)
-    v2._V2Reply(lambda status, data, ctype=b"": got.append((status, data)), "a", "1", req).answer(
+    app = Application("a", InputType.DOUBLES, "null", 1000)
+    v2._V2Reply(lambda status, data, ctype=b"": got.append((status, data)), app, "1", req).answer(
         bad
     )
     assert got[0][0] == 500

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from clipper.batching.controllers import BatchController, make_controller
 from clipper.batching.decision import Wait, decide
+from clipper.batching.model_errors import ModelErrorLog
 from clipper.batching.queue import ModelQueue, Task
 from clipper.batching.wait import WaitPolicy, make_wait_policy
 from clipper.cache import PredictionCache
@@ -104,6 +105,7 @@ class ModelScheduler:
         self._metrics = metrics
         self._batch_size = metrics.batch_size.labels(**labels)
         self._errors = metrics.model_errors.labels(**labels)
+        self._error_log = ModelErrorLog(f"{mv.name}:{mv.version}", clock)
         self._replica_gauge = metrics.replicas.labels(**labels)
         metrics.queue_depth.labels(**labels).set_function(lambda: len(self.queue))
         self.on_replicas_changed: Callable[[ModelScheduler], None] | None = None
@@ -357,6 +359,7 @@ class ModelScheduler:
             error = f"predict returned {len(outputs)} outputs for {len(tasks)} inputs"
         if error is not None or outputs is None:
             self._errors.inc()
+            self._error_log.failed(error or "no outputs", len(tasks))
             exc = ModelError(error or "no outputs")
             for task in tasks:
                 self._deliver(task, None, exc)

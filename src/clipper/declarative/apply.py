@@ -66,14 +66,12 @@ def _prepare(path: Path, dest: Path) -> Prepared:
     digest = content_digest(path)
     if path.is_dir():
         return Prepared(path, digest)
-    from clipper.commands import _load_object
     from clipper.deployers import package
+    from clipper.deployers.files import read_model_file
 
     try:
-        if path.suffix == ".onnx":
-            package(str(path), dest, framework="onnx")
-        else:
-            package(_load_object(path), dest)
+        found = read_model_file(path)  # by content, as `clipper model deploy` reads it
+        package(found.model, dest, framework=found.framework)
     except ClipperError as e:
         raise ConfigError(f"{path}: {e}") from None
     except Exception as e:  # unpickling runs the file's code: anything can go wrong in it

@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from clipper.artifact_digest import SOURCE_DIGEST_FILE, is_digest
-from clipper.choices import OVERLOAD
+from clipper.choices import ON_MODEL_ERROR, OVERLOAD, OnModelError
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, NotFoundError, RegistryError
 from clipper.frontend.admin_fields import (
@@ -68,6 +68,7 @@ from clipper.managers.base import ContainerManager
 from clipper.metrics import Metrics, histogram_quantile, histogram_values
 from clipper.metrics_window import MetricsWindow
 from clipper.registry import Application, ModelVersion, Registry, check_name
+from clipper.runtime.control import LiveVersionError
 from clipper.store.base import StoreError
 
 if TYPE_CHECKING:
@@ -252,6 +253,7 @@ class AdminApi:
             latency_slo_micros=slo,
             cache=cache,
             overload="reject" if overload == "reject" else "default",
+            on_model_error=_on_model_error(doc, "auto"),
             **_selection_fields(doc),
             **pipeline_field(doc),
         )
@@ -279,6 +281,8 @@ class AdminApi:
             if overload not in OVERLOAD:
                 raise OperationError(OVERLOAD.unknown(overload))
             changes["overload"] = overload
+        if "on_model_error" in doc:
+            changes["on_model_error"] = _on_model_error(doc)
         changes.update(_selection_fields(doc))
         changes.update(pipeline_field(doc))
         unknown = sorted(set(doc) - {"name", *changes})
@@ -302,6 +306,8 @@ class AdminApi:
             doc["online_learning"] = app.online_learning
         if app.pipeline is not None:
             doc["pipeline"] = app.pipeline
+        if app.on_model_error != "auto":
+            doc["on_model_error"] = app.on_model_error
         return doc
 
     def _get_all_applications(self, doc: dict[str, Any]) -> Reply:
@@ -463,10 +469,12 @@ class AdminApi:
     async def _delete_versioned_model(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "model_name")
         version = str_field(doc, "model_version")
+        force = bool_field(doc, "force", False)
         if version not in self.registry.models.get(name, {}):
             raise OperationError(f"Model with name '{name}' and version '{version}' does not exist")
-        # The version is removed; its processes drain what they hold and stop.
-        await self.control.delete_version(name, version)
+        # The version is removed; its processes drain what they hold and stop. The version an
+        # application is served by goes only with force (409 otherwise).
+        await self.control.delete_version(name, version, force=force)
         return text_reply(f"Successfully deleted model with name '{name}' and version '{version}'")
 
     # -- deployment (extensions) ---------------------------------------------------------------
@@ -722,6 +730,10 @@ class AdminApi:
                     "restarts": proc.restarts if proc is not None else None,
                     "state": proc.state if proc is not None else "connected",
                     "location": proc.location if proc is not None else None,
+                    # The process slot: the replica's log is <model>-<version>-<slot>.log
+                    # (replica_id counts connections, so it moves on at every restart).
+                    "slot": proc.slot if proc is not None else None,
+                    "log": _log_name(proc),
                 }
             )
         return json_reply(out)
@@ -759,11 +771,26 @@ def error_reply(respond: Respond, route: str, err: BaseException) -> None:
         respond(503, f"the change was not made: the config store failed: {err}".encode(), TEXT)
     elif isinstance(err, asyncio.CancelledError):
         respond(503, b"the frontend is shutting down", TEXT)
+    elif isinstance(err, LiveVersionError):
+        respond(409, str(err).encode(), TEXT)
     elif isinstance(err, OperationError | ClipperError):
         respond(400, str(err).encode(), TEXT)
     else:
         log.error("unexpected error in admin operation %s", route, exc_info=err)
         respond(500, b"An unexpected error occurred!", TEXT)
+
+
+def _log_name(proc: Any) -> str | None:
+    """The file name of a local replica's log (in <state dir>/logs), else None."""
+    path = getattr(proc, "log_path", None)
+    return path.name if isinstance(path, Path) else None
+
+
+def _on_model_error(doc: dict[str, Any], default: str | None = None) -> OnModelError:
+    value = str_field(doc, "on_model_error", default)
+    if value not in ON_MODEL_ERROR:
+        raise OperationError(ON_MODEL_ERROR.unknown(value))
+    return value  # type: ignore[return-value]  # one of the Literal's names, checked above
 
 
 def _selection_fields(doc: dict[str, Any]) -> dict[str, Any]:

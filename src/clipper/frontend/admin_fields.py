@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from clipper.choices import CONTROLLERS, LOSSES, OVERLOAD, POLICIES, WAITS
+from clipper.choices import CONTROLLERS, LOSSES, ON_MODEL_ERROR, OVERLOAD, POLICIES, WAITS
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError
 from clipper.frontend.http import JSON
@@ -74,7 +74,8 @@ SCHEMAS: dict[str, str] = {
     "add_app": (
         '{"name" := string, "input_type" := ' + _INPUT_TYPES + ', "default_output" := string, '
         '"latency_slo_micros" := int, "cache" := bool (optional), '
-        f'"overload" := {OVERLOAD.schema()} (optional)' + _SELECTION
+        f'"overload" := {OVERLOAD.schema()} (optional), '
+        f'"on_model_error" := {ON_MODEL_ERROR.schema()} (optional)' + _SELECTION
     ),
     "delete_app": '{"name" := string}',
     "add_model": (
@@ -85,7 +86,9 @@ SCHEMAS: dict[str, str] = {
     "add_model_links": '{"app_name" := string, "model_names" := [string]}',
     "delete_model_links": '{"app_name" := string, "model_names" := [string]}',
     "set_model_version": '{"model_name" := string, "model_version" := string}',
-    "delete_versioned_model": '{"model_name" := string, "model_version" := string}',
+    "delete_versioned_model": (
+        '{"model_name" := string, "model_version" := string, "force" := bool (optional)}'
+    ),
     "get_all_applications": '{"verbose" := bool}',
     "get_application": '{"name" := string}',
     "get_linked_models": '{"app_name" := string}',
@@ -118,7 +121,8 @@ SCHEMAS: dict[str, str] = {
     "update_app": (
         '{"name" := string, "latency_slo_micros" := int (optional), '
         '"default_output" := string (optional), "cache" := bool (optional), '
-        f'"overload" := {OVERLOAD.schema()} (optional)' + _SELECTION
+        f'"overload" := {OVERLOAD.schema()} (optional), '
+        f'"on_model_error" := {ON_MODEL_ERROR.schema()} (optional)' + _SELECTION
     ),
     "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
     "get_logs": '{"max_bytes" := int (optional)}',

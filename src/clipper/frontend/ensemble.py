@@ -420,6 +420,22 @@ class EnsembleQuery:
             fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
 
 
+def _late(q: EnsembleQuery, missing: list[str]) -> BaseException:
+    """Why no chosen model answered by the deadline: each had a replica when the query was
+    queued (else it was answered at once); if none of them has one now, their replicas failed
+    or left with the query (a replica failure), else the deadline came first."""
+    proc = q.proc
+    for model in missing:
+        sched = proc.schedulers.get((model, proc.registry.current.get(model) or ""))
+        if sched is not None and sched.replicas:
+            return DeadlineExceeded("no model answered in time")
+    if not missing:
+        return DeadlineExceeded("no model answered in time")
+    return ReplicaError(
+        f"the replicas holding this query ({', '.join(missing)}) failed or left before answering"
+    )
+
+
 def combine_one(q: EnsembleQuery, i: int, query_id: int) -> Prediction:
     """The answer for input ``i``: combined outputs, or the default output and why."""
     app, proc = q.app, q.proc
@@ -433,7 +449,7 @@ def combine_one(q: EnsembleQuery, i: int, query_id: int) -> Prediction:
             model, err = next(iter(errors.items()))
             reason, why = proc.explain(model, err)
         else:
-            reason, why = proc.explain("", DeadlineExceeded("no model answered in time"))
+            reason, why = proc.explain("", _late(q, missing))
         return Prediction(query_id, app.default_value, reason, why, (), 0.0)
     combined = q.sel.policy.combine(q.state, arrived)
     used = tuple(combined.used)

@@ -150,7 +150,10 @@ class _Query:
                 # joined; this query has its own, later deadline: queue its input again.
                 self.proc.enqueue(self, i)
                 return
-            reason, why = self.proc.explain(self.model, err)
+            if isinstance(err, DeadlineExceeded):
+                reason, why = self.late()
+            else:
+                reason, why = self.proc.explain(self.model, err)
             if reason is DefaultReason.OVERLOAD and self.app.overload == "reject":
                 self.reject(str(err))
                 return
@@ -168,11 +171,24 @@ class _Query:
         self.timer = None
         if self.reply is None:
             return
+        reason, why = self.late()
         for i in range(self.n):
             if self.outputs[i] is _UNSET:
-                self.set_default(i, DefaultReason.SLO, SLO_MISSED)
+                self.set_default(i, reason, why)
         self.remaining = 0
         self.finish()
+
+    def late(self) -> tuple[DefaultReason, str]:
+        """Why an input had no answer by its deadline. The query was queued while its version
+        had a replica; if none is left now, the replica failed or left with it (its batch was
+        queued again, and nothing could take it): a replica failure, not a missed SLO."""
+        sched = self.sched
+        if sched is not None and not sched.replicas:
+            return DefaultReason.NO_REPLICA, (
+                f"No replica of model {self.model}:{self.version} is alive: the replica "
+                "holding this query failed or left before answering"
+            )
+        return DefaultReason.SLO, SLO_MISSED
 
     def reject(self, cause: str) -> None:
         reply = self.reply

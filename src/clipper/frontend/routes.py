@@ -17,11 +17,13 @@ import orjson
 from clipper.errors import NotFoundError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.http import JSON, Respond, error_body, json_response
+from clipper.frontend.model_failure import model_failure
 from clipper.frontend.prediction import Prediction, answer_failed
 
 if TYPE_CHECKING:
     from clipper.dashboard import Dashboard
     from clipper.frontend.admin import AdminApi
+    from clipper.registry import Application
     from clipper.runtime.catalog import QueryServices
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+_TEXT = b"text/plain; charset=utf-8"
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # outputs decoded from replicas may be NumPy values
 
 
@@ -88,12 +91,21 @@ class RestReply:
     """A Clipper REST request's :class:`~clipper.frontend.prediction.Reply` (predict) or
     :class:`~clipper.frontend.prediction.FeedbackReply` (update)."""
 
-    __slots__ = ("respond",)
+    __slots__ = ("app", "apps", "respond")
 
-    def __init__(self, respond: Respond) -> None:
+    def __init__(
+        self, respond: Respond, apps: dict[str, Application] | None = None, app: str = ""
+    ) -> None:
         self.respond = respond
+        self.apps = apps  # where the application's on_model_error is read, once answered
+        self.app = app
 
     def answer(self, predictions: list[Prediction]) -> None:
+        if self.apps is not None:
+            failed = model_failure(self.apps.get(self.app), predictions, errors_by_default=False)
+            if failed is not None:
+                self.fail(failed)
+                return
         try:
             body = encode_predictions(predictions)
         except Exception as e:  # called back by the query: must answer
@@ -102,7 +114,8 @@ class RestReply:
         self.respond(200, body, JSON)
 
     def received(self) -> None:
-        self.respond(200, b"Feedback received? 1", JSON)  # the original's answer, verbatim
+        # The original's answer, verbatim, and labelled as what it is: text, not JSON.
+        self.respond(200, b"Feedback received? 1", _TEXT)
 
     def fail(self, err: RequestError) -> None:
         self.respond(err.status, error_body(err), JSON)
@@ -114,6 +127,7 @@ class QueryRoutes:
     def __init__(self, svc: QueryServices) -> None:
         self.svc = svc
         self._predict = svc.processor.predict  # bound once: the hot path
+        self._apps = svc.catalog.registry.apps
 
     def __call__(
         self,
@@ -130,7 +144,7 @@ class QueryRoutes:
         if method == b"POST":
             app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
             if verb == "predict" and app:
-                self._predict(app, body, RestReply(respond), t0=t0)
+                self._predict(app, body, RestReply(respond, self._apps, app), t0=t0)
                 return
             if verb == "update" and app:
                 self.svc.processor.feedback(app, body, RestReply(respond))
@@ -146,10 +160,11 @@ class QueryRoutes:
                 json_response(respond, 200, {"status": "ok"})
                 return
             if path in ("/ready", "/health/ready"):
-                missing = self.svc.catalog.unready()
+                reasons = self.svc.catalog.reasons()
                 json_response(
-                    respond, 200 if not missing else 503,
-                    {"ready": not missing, "models_without_replicas": missing},
+                    respond, 200 if not reasons else 503,
+                    {"ready": not reasons, "models_without_replicas": self.svc.catalog.unready(),
+                     "reasons": reasons},
                 )  # fmt: skip
                 return
         if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol (V2)
@@ -231,10 +246,11 @@ class AdminRoutes:
 
 
 def _metrics_as_json(headers: dict[bytes, bytes]) -> bool:
-    """``?format=json|prometheus`` decides; else Accept: Prometheus scrapers ask for
-    text/plain or OpenMetrics and get text, as does a client that sends no Accept; JSON
-    clients, and clients that take anything (the original clipper_admin's
-    ``inspect_instance()`` sends ``*/*`` and reads JSON), get JSON."""
+    """``?format=json|prometheus`` decides; else Accept: JSON for a client that asks for
+    application/json; Prometheus text for everyone else (scrapers send text/plain or
+    OpenMetrics; curl and browsers take anything and read text). The one exception is the
+    original clipper_admin's ``inspect_instance()``, which sends python-requests' ``*/*`` and
+    decodes JSON: a python-requests client that takes anything gets JSON."""
     query = headers.get(b":query", b"")
     if b"format=json" in query:
         return True
@@ -245,4 +261,8 @@ def _metrics_as_json(headers: dict[bytes, bytes]) -> bool:
         return False
     if b"application/json" in accept:
         return True
-    return not (b"text/plain" in accept or b"openmetrics" in accept)
+    if b"text/plain" in accept or b"openmetrics" in accept:
+        return False
+    return accept.strip() == b"*/*" and headers.get(b"user-agent", b"").startswith(
+        b"python-requests/"
+    )

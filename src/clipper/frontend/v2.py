@@ -21,6 +21,7 @@ import orjson
 
 from clipper.errors import BadInputError, NotFoundError, RequestError
 from clipper.frontend.http import JSON, Respond
+from clipper.frontend.model_failure import model_failure
 from clipper.frontend.prediction import Prediction, answer_failed
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
@@ -316,7 +317,7 @@ def _infer(  # noqa: PLR0917
     request = parse_infer(headers, body)
     payloads = input_payloads(app, request.inputs, svc.processor.max_items)
     model_version = resolve_version(svc.catalog.registry, app, version)
-    reply = _V2Reply(respond, app.name, model_version, request)
+    reply = _V2Reply(respond, app, model_version, request)
     processor = svc.processor
     arrived = processor.clock.now() if t0 is None else t0
     processor.predict_payloads(app, payloads, version, "", reply, arrived, request.slo_s)
@@ -325,15 +326,22 @@ def _infer(  # noqa: PLR0917
 class _V2Reply:
     """A REST infer request's :class:`~clipper.frontend.prediction.Reply`."""
 
-    __slots__ = ("model", "request", "respond", "version")
+    __slots__ = ("app", "model", "request", "respond", "version")
 
-    def __init__(self, respond: Respond, model: str, version: str, request: InferRequest) -> None:
+    def __init__(
+        self, respond: Respond, app: Application, version: str, request: InferRequest
+    ) -> None:
         self.respond = respond
-        self.model = model
+        self.app = app
+        self.model = app.name
         self.version = version
         self.request = request
 
     def answer(self, predictions: list[Prediction]) -> None:
+        failed = model_failure(self.app, predictions, errors_by_default=True)
+        if failed is not None:  # a model raised: 500 with its message (docs/v2-protocol.md)
+            self.fail(failed)
+            return
         request = self.request
         try:
             header, raw = encode_response(

@@ -54,7 +54,7 @@ class Catalog:
 
     def unready(self) -> list[str]:
         """``model:version`` of every linked model whose current version should have replicas
-        and has none connected: the readiness rule of the whole frontend."""
+        and has none connected."""
         out = []
         for names in self.registry.links.values():
             for name in names:
@@ -63,8 +63,28 @@ class Catalog:
                     out.append(f"{name}:{mv.version}")
         return out
 
+    def reasons(self) -> list[str]:
+        """Why the frontend is not ready, one line per linked model that cannot answer its
+        application: its current version has no replica connected (yet), or it has no current
+        version at all (deleted with force). Empty when ready: the readiness rule of the whole
+        frontend."""
+        out = []
+        for app, names in sorted(self.registry.links.items()):
+            for name in names:
+                mv = self.version(name)
+                if mv is None:
+                    out.append(
+                        f"application '{app}': model '{name}' has no current version "
+                        "(it answers only default outputs)"
+                    )
+                elif mv.num_replicas and not self.live(name, mv.version):
+                    out.append(
+                        f"application '{app}': model '{name}:{mv.version}' has no replica connected"
+                    )
+        return out
+
     def ready(self) -> bool:
-        return not self.unready()
+        return not self.reasons()
 
     def app_ready(self, app: Application, version: str | None = None) -> bool:
         """A linked model (the requested version of it) has a replica connected."""

@@ -24,11 +24,15 @@ from clipper.registry import Application, Intent, ModelVersion, Registry
 from clipper.runtime.reconciler import Reconciler
 from clipper.store.base import DeletePrefix, StoreError
 
-__all__ = ["Control"]
+__all__ = ["Control", "LiveVersionError"]
 
 log = logging.getLogger("clipper")
 
 _GIVE_UP_AFTER_RESTARTS = 3
+
+
+class LiveVersionError(RegistryError):
+    """Deleting the version that applications are served by, without ``force`` (409)."""
 
 
 class Control:
@@ -144,9 +148,10 @@ class Control:
         retire_previous: bool = True,
     ) -> None:
         """Switch ``name``'s traffic to ``version`` (forward or back) without failing a query:
-        its replicas start (as many as the current version runs), traffic switches once they
-        are connected, and the previous version drains and stops (or keeps running, with
-        ``retire_previous=False``), staying registered for a later rollback."""
+        its replicas start (its own recorded count; the current version's when it has none),
+        traffic switches once they are connected, and the previous version drains and stops
+        (or keeps running, with ``retire_previous=False``), staying registered for a later
+        rollback."""
         target = self.registry.get_model(name, version)
         previous = self.registry.current.get(name)
         if previous == version:
@@ -250,9 +255,25 @@ class Control:
             await self.wait_for_replicas(name, key, num_replicas, ready_timeout_s=ready_timeout_s)
         return mv
 
-    async def delete_version(self, name: str, version: str) -> None:
-        """Remove a version; its replicas drain what they hold and stop before this returns."""
-        await self.sync.commit(lambda d: d.delete_model_version(name, version))
+    async def delete_version(self, name: str, version: str, *, force: bool = True) -> None:
+        """Remove a version; its replicas drain what they hold and stop before this returns.
+
+        Without ``force``, the current version of a model linked to an application is refused
+        (:class:`LiveVersionError`): those applications would answer only defaults."""
+
+        def delete(d: Registry) -> None:
+            if not force and d.current.get(name) == version:
+                apps = sorted(a for a, models in d.links.items() if name in models)
+                if apps:
+                    raise LiveVersionError(
+                        f"{name}:{version} is the current version of {name}, which serves "
+                        f"{', '.join(apps)}: deleting it leaves them nothing but default "
+                        f"outputs. Switch to another version first (set_model_version), unlink "
+                        f"{name}, or delete it anyway with force"
+                    )
+            d.delete_model_version(name, version)
+
+        await self.sync.commit(delete)
         await self.reconciler.settled(name, version)
 
     # -- readiness -----------------------------------------------------------------------------

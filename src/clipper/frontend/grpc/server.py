@@ -18,6 +18,7 @@ by :func:`abort`. See docs/v2-protocol.md.
 from __future__ import annotations
 
 import asyncio
+import errno
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -27,6 +28,7 @@ from clipper.errors import BadInputError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
+from clipper.frontend.model_failure import model_failure
 from clipper.frontend.prediction import Prediction, answer_failed
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
@@ -108,9 +110,13 @@ class V2GrpcServer:
         servicer = Servicer(self.svc)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-        bound = server.add_insecure_port(address)
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError:  # newer grpcio raises where older ones returned 0
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot bind the V2 gRPC service to {address}")
+            # grpcio says only that it could not: almost always a port another process holds.
+            raise OSError(errno.EADDRINUSE, f"cannot bind the V2 gRPC service to {address}")
         await server.start()
         self.port = bound
         self._server = server
@@ -139,15 +145,20 @@ class InferReply:
     the ModelInferResponse (:func:`encode_response`) and hands it to :meth:`deliver`; an error
     goes to :meth:`fail`. Each transport says how to deliver."""
 
-    __slots__ = ("infer", "model", "version")
+    __slots__ = ("app", "infer", "model", "version")
 
     def __init__(self) -> None:
         self.model = ""
         self.version = ""
         self.infer: InferRequest | None = None
+        self.app: Application | None = None
 
     def answer(self, predictions: list[Prediction]) -> None:
         assert self.infer is not None
+        failed = model_failure(self.app, predictions, errors_by_default=True)
+        if failed is not None:  # a model raised: INTERNAL with its message
+            self.fail(failed)
+            return
         try:
             response = encode_response(self.model, self.version, self.infer, predictions)
         except Exception as e:
@@ -173,6 +184,7 @@ def submit_infer(svc: QueryServices, request: Any, reply: InferReply) -> None:
         version = request.model_version or None
         reply.version = resolve_version(svc.catalog.registry, app, version)
         reply.model = app.name
+        reply.app = app
         reply.infer = infer
         processor = svc.processor
         processor.predict_payloads(
