@@ -4,11 +4,12 @@ process in tests). Children are looked up once per app/model/replica, never per 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "histogram_quantile"]
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -104,6 +105,60 @@ class Metrics:
             registry=r,
         )
 
+        # Rollouts (clipper.frontend.traffic): where a split sent queries, and how a shadow
+        # version's answers compare with the real ones.
+        self.split_requests = Counter(
+            "clipper_split_requests",
+            "Queries a model's traffic split sent to each version",
+            ["model", "version"],
+            registry=r,
+        )
+        self.split_fallbacks = Counter(
+            "clipper_split_fallbacks",
+            "Queries the split drew for a version with no connected replica, answered by the "
+            "current version instead",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_requests = Counter(
+            "clipper_shadow_requests",
+            "Inputs copied to a shadow version",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_agreements = Counter(
+            "clipper_shadow_agreements",
+            "Shadow answers equal to the real answer",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_disagreements = Counter(
+            "clipper_shadow_disagreements",
+            "Shadow answers different from the real answer",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_errors = Counter(
+            "clipper_shadow_errors",
+            "Shadow copies without an answer, by reason (model_error, deadline, overload, "
+            "no_replica, error)",
+            ["model", "version", "reason"],
+            registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "clipper_shadow_dropped",
+            "Shadow copies not sent: the shadow version already had its bound of inputs in flight",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_latency = Histogram(
+            "clipper_shadow_latency_seconds",
+            "For shadowed inputs: time from the copy to each side's answer (role real or shadow)",
+            ["model", "version", "role"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
         # Incremented on the RPC authentication thread (prometheus_client counters are
         # thread-safe).
         self.rpc_refused = Counter(
@@ -126,8 +181,18 @@ class Metrics:
             self.cache_hits,
             self.cache_misses,
             self.model_errors,
+            self.split_requests,
+            self.split_fallbacks,
+            self.shadow_requests,
+            self.shadow_agreements,
+            self.shadow_disagreements,
+            self.shadow_dropped,
         ):
             _remove(metric, model, version)
+        for reason in _label_values(self.shadow_errors, "reason", model=model, version=version):
+            _remove(self.shadow_errors, model, version, reason)
+        for role in _label_values(self.shadow_latency, "role", model=model, version=version):
+            _remove(self.shadow_latency, model, version, role)
         for replica in _label_values(self.replica_latency, "replica", model=model, version=version):
             _remove(self.replica_latency, model, version, replica)
 
@@ -156,6 +221,25 @@ class Metrics:
                 labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
                 out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
         return out
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Quantile ``q`` of a cumulative histogram (sorted ``(upper bound, count)`` pairs),
+    interpolated inside its bucket as Prometheus's ``histogram_quantile`` does; the highest
+    finite bound when it falls in the +Inf bucket; None with no observations."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            if count == below:
+                return upper
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower
 
 
 def _remove(metric: Any, *labelvalues: str) -> None:

@@ -36,11 +36,13 @@ from clipper.frontend.http import HttpLimits, HttpServer
 from clipper.frontend.loop_lag import LoopLagMonitor
 from clipper.frontend.query import QueryProcessor
 from clipper.frontend.routes import AdminRoutes, QueryRoutes
+from clipper.frontend.traffic import Traffic
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager, ManagerContext, open_manager
 from clipper.metrics import Metrics
 from clipper.persistence import StoreSync
 from clipper.registry import Application, ModelVersion, Registry
+from clipper.rollout import Rollout, with_shadow, with_split
 from clipper.rpc.server import RpcServer
 from clipper.runtime.catalog import Catalog, QueryServices
 from clipper.runtime.control import Control
@@ -110,6 +112,10 @@ class Clipper:
             self.processor, persist=self._persist_state, fetch=self._fetch_state
         )
         self.processor.on_feedback = self._send_update
+        self.traffic = Traffic(
+            self.registry, self.schedulers, clock=self.clock, metrics=self.metrics
+        )
+        self.processor.traffic = self.traffic
         self.directory = ReplicaDirectory(
             self.schedulers,
             clock=self.clock,
@@ -188,6 +194,7 @@ class Clipper:
             state_dir=self.state_dir,
             max_upload_unpacked_bytes=config.max_upload_unpacked_bytes,
             max_upload_files=config.max_upload_files,
+            traffic=self.traffic,
         )
         self.admin_http = HttpServer(
             AdminRoutes(self.admin, config.admin_token), host=config.admin_host,
@@ -437,6 +444,44 @@ class Clipper:
             ready_timeout_s=ready_timeout_s,
         )
 
+    async def set_traffic_split(
+        self,
+        name: str,
+        weights: dict[str, float] | None,
+        *,
+        sticky: bool = False,
+        ready_timeout_s: float = 60.0,
+    ) -> Rollout | None:
+        """Split ``name``'s unpinned queries between versions by weight (``{"1": 95, "2": 5}``;
+        None or ``{}`` removes the split: the current version answers them all again). With
+        ``sticky``, a query's ``uid`` always goes to the same version. Returns once every
+        version named has its replicas connected (docs/rollouts.md)."""
+        return await self.control.set_rollout(
+            name, lambda r: with_split(r, name, weights, sticky=sticky),
+            ready_timeout_s=ready_timeout_s,
+        )  # fmt: skip
+
+    async def set_shadow(
+        self,
+        name: str,
+        version: str | None,
+        share: float = 1.0,
+        *,
+        ready_timeout_s: float = 60.0,
+    ) -> Rollout | None:
+        """Copy a ``share`` (0 to 1) of ``name``'s queries to ``version``, whose answers are
+        only compared with the real ones (``version`` None: no shadow)."""
+        return await self.control.set_rollout(
+            name, lambda r: with_shadow(r, name, version, share), ready_timeout_s=ready_timeout_s
+        )
+
+    def traffic_of(self, name: str) -> dict[str, Any]:
+        """The model's split and shadow, and what they did on this frontend (the admin API's
+        ``get_traffic``)."""
+        if name not in self.registry.models:
+            raise RegistryError(f"No model with name '{name}' exists.")
+        return self.traffic.describe(name)
+
     async def set_num_replicas(
         self,
         name: str,
@@ -496,6 +541,7 @@ class Clipper:
 
     def _forget_version(self, name: str, version: str) -> None:
         self.processor.forget_version(name, version)
+        self.traffic.forget_version(name, version)
 
     def _node_id(self) -> str:
         """This frontend's identity in the store's intents: kept in its state directory, so a

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import math
 import shutil
 import tarfile
 from collections.abc import Callable, Coroutine
@@ -60,16 +59,18 @@ from clipper.frontend.admin_fields import (
     text_reply,
     write_file,
 )
+from clipper.frontend.admin_traffic import TrafficAdmin
 from clipper.frontend.http import Respond
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager
-from clipper.metrics import Metrics
+from clipper.metrics import Metrics, histogram_quantile
 from clipper.registry import Application, ModelVersion, Registry, check_name
 from clipper.store.base import StoreError
 
 if TYPE_CHECKING:
     from clipper.batching.scheduler import ModelScheduler, Replica
     from clipper.clock import Clock
+    from clipper.frontend.traffic import Traffic
     from clipper.runtime.control import Control
 
 __all__ = ["AdminApi"]
@@ -93,25 +94,6 @@ class _Staged:
     batching: BatchingConfig | None
 
 
-def _histogram_p50(buckets: list[tuple[float, float]]) -> float | None:
-    """The median of a cumulative histogram, interpolated inside its bucket as Prometheus's
-    ``histogram_quantile(0.5, ...)`` does; None with no observations."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    total = buckets[-1][1]
-    rank = total / 2
-    lower, below = 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            if math.isinf(upper):
-                return lower
-            if count == below:
-                return upper
-            return lower + (upper - lower) * (rank - below) / (count - below)
-        lower, below = upper, count
-    return lower
-
-
 class AdminApi:
     def __init__(
         self,
@@ -125,6 +107,7 @@ class AdminApi:
         state_dir: Path,
         max_upload_unpacked_bytes: int = DEFAULT_MAX_UPLOAD_UNPACKED_BYTES,
         max_upload_files: int = DEFAULT_MAX_UPLOAD_FILES,
+        traffic: Traffic | None = None,
     ) -> None:
         self.max_upload_unpacked_bytes = max_upload_unpacked_bytes
         self.max_upload_files = max_upload_files
@@ -162,6 +145,10 @@ class AdminApi:
             "set_num_replicas": self._set_num_replicas,
             "set_model_version": self._set_model_version,
         }
+        # Canary splits and shadows (docs/rollouts.md).
+        rollouts = TrafficAdmin(registry, control, traffic)
+        self._sync.update(rollouts.reads)
+        self._async.update(rollouts.writes)
 
     # -- dispatch ------------------------------------------------------------------------------
     def route(
@@ -735,7 +722,7 @@ class AdminApi:
                 cumulative.setdefault(key, []).append((float(s.labels["le"]), s.value))
         out = {}
         for key, buckets in cumulative.items():
-            median = _histogram_p50(sorted(buckets))
+            median = histogram_quantile(sorted(buckets), 0.5)
             if median is not None:
                 out[key] = median
         return out

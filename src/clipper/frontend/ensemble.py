@@ -159,13 +159,13 @@ class SelectionRuntime:
     ) -> None:
         sel = self.selection(app)
         if uid in sel.states:
-            self._run(sel, sel.states.get(uid), payloads, reply, t0, slo_s)
+            self._run(sel, sel.states.get(uid), payloads, reply, t0, slo_s, uid)
             return
 
         async def load_then_run() -> None:
             try:
                 state = await self.state_for(sel, uid)
-                self._run(sel, state, payloads, reply, t0, slo_s)
+                self._run(sel, state, payloads, reply, t0, slo_s, uid)
             except Exception as e:  # a task: nobody else would answer
                 fail_internal(reply, f"a query of application '{app.name}'", e)
 
@@ -179,6 +179,7 @@ class SelectionRuntime:
         reply: Reply,
         t0: float,
         slo_s: float,
+        uid: str = "",
     ) -> None:
         proc = self.proc
         app = sel.app
@@ -188,7 +189,9 @@ class SelectionRuntime:
             proc, sel, state, chosen, len(payloads), reply=reply, t0=t0, deadline=deadline
         )
         for model in chosen:
-            version = proc.registry.current.get(model)
+            version, shadow = proc.registry.current.get(model), None
+            if proc.traffic is not None and model in proc.registry.rollouts:
+                version, shadow = proc.traffic.route(model, uid, deadline)
             sched = proc.schedulers.get((model, version or ""))
             if version is None or sched is None or not sched.replicas:
                 gone = ReplicaError(f"no replica of model {model}:{version} is alive")
@@ -197,11 +200,14 @@ class SelectionRuntime:
                 continue
             submitted = False
             for i, payload in enumerate(payloads):
-                submitted |= proc.submit(
-                    app, model, version, sched, payload, deadline, q.waiter(i, model)
-                )
+                waiter = q.waiter(i, model)
+                if shadow is not None:
+                    waiter = shadow.wrap(payload, waiter)
+                submitted |= proc.submit(app, model, version, sched, payload, deadline, waiter)
             if submitted:
                 sched.pump()
+            if shadow is not None:
+                shadow.fire()
         if q.reply is not None:
             q.timer = proc.clock.call_later(
                 max(deadline - app.answer_margin_s - proc.clock.now(), 0.0), q.on_deadline
@@ -229,7 +235,10 @@ class SelectionRuntime:
             outputs: dict[str, Any] = {}
             missing: list[tuple[str, str]] = []
             for model in sel.models:
+                # The version this user's queries go to (a non-sticky split draws again).
                 version = proc.registry.current.get(model)
+                if proc.traffic is not None and model in proc.registry.rollouts:
+                    version = proc.traffic.pick(model, uid)
                 if version is None:
                     continue
                 cached = proc.cache.peek((model, version, payload))

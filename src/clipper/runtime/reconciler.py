@@ -140,7 +140,7 @@ class Reconciler:
                 self.schedulers[key] = sched
                 self._known[key] = mv
             self._mark(key)
-        elif change.kind in ("version", "intent", "replicas"):
+        elif change.kind in ("version", "intent", "replicas", "rollout"):
             for version in self.registry.models.get(change.name, {}):
                 self._mark((change.name, version))
             if change.version is not None:
