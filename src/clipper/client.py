@@ -23,7 +23,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +200,7 @@ class Client:
         self.admin("set_num_replicas", doc)
 
     def set_traffic_split(
-        self, name: str, weights: dict[str, float] | None, *, sticky: bool = False
+        self, name: str, weights: Mapping[str, float] | None, *, sticky: bool = False
     ) -> dict[str, Any]:
         """Split ``name``'s unpinned queries between versions (``{"1": 95, "2": 5}``; None
         removes the split); returns the traffic view once the versions are ready."""

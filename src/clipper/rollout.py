@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,13 +73,13 @@ class Rollout:
     def build(
         cls,
         name: str,
-        weights: dict[str, Any] | None,
+        weights: Mapping[str, Any] | None,
         *,
         sticky: bool = False,
         shadow: Shadow | None = None,
     ) -> Rollout:
         """A rollout from ``{version: weight}`` (checked: a clear error for each mistake)."""
-        if weights is not None and not isinstance(weights, dict):
+        if weights is not None and not isinstance(weights, Mapping):
             raise RegistryError(
                 f'a split is an object {{version: weight}}, e.g. {{"1": 95, "2": 5}}; got '
                 f"{weights!r}"
@@ -165,7 +166,7 @@ class Rollout:
 
 
 def with_split(
-    rollout: Rollout | None, name: str, weights: dict[str, Any] | None, *, sticky: bool
+    rollout: Rollout | None, name: str, weights: Mapping[str, Any] | None, *, sticky: bool
 ) -> Rollout:
     """``rollout`` with its split replaced (None or ``{}``: no split); the shadow stays."""
     return Rollout.build(

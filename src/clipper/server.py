@@ -19,7 +19,7 @@ import secrets
 import shutil
 import signal
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -447,7 +447,7 @@ class Clipper:
     async def set_traffic_split(
         self,
         name: str,
-        weights: dict[str, float] | None,
+        weights: Mapping[str, float] | None,
         *,
         sticky: bool = False,
         ready_timeout_s: float = 60.0,

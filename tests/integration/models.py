@@ -134,3 +134,17 @@ def chatty_failure(xs: Any) -> list[Any]:
     """Prints a line and raises on every batch: what fills a replica log."""
     print("chatty model output " + "x" * 200, flush=True)
     raise ValueError(f"cannot take a batch of {len(xs)}")
+
+
+# -- canary and shadow ----------------------------------------------------------------------------
+
+
+def sums_off_when_odd(xs: Any) -> list[float]:
+    """Agrees with ``row_sums`` on rows whose first value is even, is 1 more on the others."""
+    return [float(np.asarray(x).sum()) + (int(np.asarray(x)[0]) % 2) for x in xs]
+
+
+def sleepy_sums(xs: Any) -> list[float]:
+    """``row_sums`` after two seconds: slower than the latency SLO of the test that uses it."""
+    time.sleep(2.0)
+    return row_sums(xs)
