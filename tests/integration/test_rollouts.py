@@ -76,6 +76,16 @@ async def test_split_shares_sticky_users_and_live_changes_lose_nothing() -> None
         assert got[1] + got[2] == n
         sample = c.metrics.registry.get_sample_value
         assert sample("clipper_split_requests_total", {"model": "m", "version": "1"}) == got[1]
+        # The V2 protocol's answers name the version the split chose.
+        for i in range(20):
+            resp = await post_json(
+                f"{c.query_url}/v2/models/v/infer",
+                {"inputs": [{"name": "input", "shape": [1, 1], "datatype": "FP64", "data": [i]}]},
+            )
+            assert resp.status == 200, resp.body
+            doc = resp.json()
+            answered = orjson.loads(doc["outputs"][0]["data"][0])["version"]
+            assert doc["model_version"] == str(answered), doc
 
         # Sticky: a user's queries all go to the version the hash of its uid picks.
         await c.set_traffic_split("m", {"1": 50, "2": 50}, sticky=True)

@@ -289,6 +289,9 @@ class QueryProcessor:
             version = self.registry.current.get(model_name)
             if self.traffic is not None and model_name in self.registry.rollouts:
                 version, q.shadow = self.traffic.route(model_name, uid, t0 + budget)
+                if version is not None and hasattr(reply, "version"):
+                    # The V2 protocols' answers name the version: the one the split chose.
+                    setattr(reply, "version", version)  # noqa: B010 (not every Reply has it)
             if version is None:
                 for i in range(q.n):
                     q.set_default(i, DefaultReason.NO_MODEL, NO_MODELS)
