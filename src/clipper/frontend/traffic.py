@@ -38,6 +38,21 @@ Waiter = Callable[[object, BaseException | None], None]
 _PENDING: Any = object()
 
 
+class _Tally:
+    """A Prometheus counter child and its value: the admin view reads the value without
+    collecting the whole metrics registry (milliseconds on the event loop)."""
+
+    __slots__ = ("child", "n")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.n = 0
+
+    def inc(self) -> None:
+        self.n += 1
+        self.child.inc()
+
+
 class _Lane:
     """One shadow version's bookkeeping: its in-flight count and metric children."""
 
@@ -60,21 +75,23 @@ class _Lane:
         self.version = version
         self.metrics = metrics
         self.in_flight = 0
-        self.sent = metrics.shadow_requests.labels(model=model, version=version)
-        self.agree = metrics.shadow_agreements.labels(model=model, version=version)
-        self.disagree = metrics.shadow_disagreements.labels(model=model, version=version)
-        self.dropped = metrics.shadow_dropped.labels(model=model, version=version)
+        self.sent = _Tally(metrics.shadow_requests.labels(model=model, version=version))
+        self.agree = _Tally(metrics.shadow_agreements.labels(model=model, version=version))
+        self.disagree = _Tally(metrics.shadow_disagreements.labels(model=model, version=version))
+        self.dropped = _Tally(metrics.shadow_dropped.labels(model=model, version=version))
         self.real_latency = metrics.shadow_latency.labels(model=model, version=version, role="real")
         self.shadow_latency = metrics.shadow_latency.labels(
             model=model, version=version, role="shadow"
         )
-        self.errors: dict[str, Any] = {}
+        self.errors: dict[str, _Tally] = {}
 
     def error(self, reason: str) -> None:
         counter = self.errors.get(reason)
         if counter is None:
-            counter = self.errors[reason] = self.metrics.shadow_errors.labels(
-                model=self.model, version=self.version, reason=reason
+            counter = self.errors[reason] = _Tally(
+                self.metrics.shadow_errors.labels(
+                    model=self.model, version=self.version, reason=reason
+                )
             )
         counter.inc()
 
@@ -195,7 +212,7 @@ class Traffic:
         self.metrics = metrics
         self.rng = rng or random.Random()
         self._lanes: dict[tuple[str, str], _Lane] = {}
-        self._routed: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._routed: dict[tuple[str, str], tuple[_Tally, _Tally]] = {}
 
     def _live(self, model: str, version: str) -> ModelScheduler | None:
         sched = self.schedulers.get((model, version))
@@ -244,13 +261,13 @@ class Traffic:
             return version, None
         return version, ShadowCopies(lane, sched, self.clock, deadline)
 
-    def _counters(self, model: str, version: str) -> tuple[Any, Any]:
+    def _counters(self, model: str, version: str) -> tuple[_Tally, _Tally]:
         key = (model, version)
         pair = self._routed.get(key)
         if pair is None:
             pair = self._routed[key] = (
-                self.metrics.split_requests.labels(model=model, version=version),
-                self.metrics.split_fallbacks.labels(model=model, version=version),
+                _Tally(self.metrics.split_requests.labels(model=model, version=version)),
+                _Tally(self.metrics.split_fallbacks.labels(model=model, version=version)),
             )
         return pair
 
@@ -277,40 +294,34 @@ class Traffic:
         split version, and per shadow version the comparisons, errors and latencies."""
         registry = self.registry
         rollout = registry.rollouts.get(model)
-        sample = self.metrics.registry.get_sample_value
-
-        def count(metric: str, version: str, **labels: str) -> int:
-            value = sample(f"{metric}_total", {"model": model, "version": version, **labels})
-            return int(value or 0)
-
         split_stats = {
-            version: {
-                "requests": count("clipper_split_requests", version),
-                "fallbacks": count("clipper_split_fallbacks", version),
-            }
-            for (name, version) in sorted(self._routed)
+            version: {"requests": routed.n, "fallbacks": fallback.n}
+            for (name, version), (routed, fallback) in sorted(self._routed.items())
             if name == model
         }
+        latencies = self._latencies(model)
         shadows: dict[str, Any] = {}
         for (name, version), lane in sorted(self._lanes.items()):
             if name != model:
                 continue
-            agreed = count("clipper_shadow_agreements", version)
-            differed = count("clipper_shadow_disagreements", version)
-            compared = agreed + differed
+            agreed = lane.agree.n
+            compared = agreed + lane.disagree.n
             shadows[version] = {
-                "sent": count("clipper_shadow_requests", version),
+                "sent": lane.sent.n,
                 "compared": compared,
                 "agreements": agreed,
                 "agreement_rate": round(agreed / compared, 6) if compared else None,
-                "errors": {
-                    reason: count("clipper_shadow_errors", version, reason=reason)
-                    for reason in lane.errors
-                },
-                "dropped": count("clipper_shadow_dropped", version),
+                "errors": {reason: tally.n for reason, tally in sorted(lane.errors.items())},
+                "dropped": lane.dropped.n,
                 "in_flight": lane.in_flight,
                 "latency_ms": {
-                    role: self._latency(model, version, role) for role in ("real", "shadow")
+                    role: {
+                        f"p{round(q * 100)}": _ms(
+                            histogram_quantile(sorted(latencies.get((version, role), [])), q)
+                        )
+                        for q in (0.5, 0.99)
+                    }
+                    for role in ("real", "shadow")
                 },
             }
         return {
@@ -325,20 +336,17 @@ class Traffic:
             "stats": {"split": split_stats, "shadow": shadows},
         }
 
-    def _latency(self, model: str, version: str, role: str) -> dict[str, float | None]:
-        buckets: list[tuple[float, float]] = []
+    def _latencies(self, model: str) -> dict[tuple[str, str], list[tuple[float, float]]]:
+        """(version, role) -> the cumulative buckets of the model's shadow latency histograms
+        (one metric's samples, not the whole registry's)."""
+        out: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for family in self.metrics.shadow_latency.collect():
-            for s in family.samples:
-                labels = s.labels
-                if (
-                    s.name.endswith("_bucket")
-                    and labels.get("model") == model
-                    and labels.get("version") == version
-                    and labels.get("role") == role
-                ):
-                    buckets.append((float(labels["le"]), s.value))
-        buckets.sort()
-        return {f"p{int(q * 100)}": _ms(histogram_quantile(buckets, q)) for q in (0.5, 0.99)}
+            for sample in family.samples:
+                labels = sample.labels
+                if sample.name.endswith("_bucket") and labels.get("model") == model:
+                    key = (labels["version"], labels["role"])
+                    out.setdefault(key, []).append((float(labels["le"]), sample.value))
+        return out
 
 
 def _ms(seconds: float | None) -> float | None:
