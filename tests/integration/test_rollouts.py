@@ -170,6 +170,14 @@ async def test_a_shadow_is_compared_and_never_answers() -> None:
         assert pinned["output"] == 3.5
         assert shadow_view()["sent"] == n
 
+        # An application with a selection policy over the model is shadowed the same way.
+        await c.register_application("e", "doubles", "-1", 1_000_000, policy="exp4")
+        await c.link_model_to_app("e", "m")
+        votes = [await predict_ok(c.query_url, "e", {"input": [1.0, 0.5]}) for _ in range(5)]
+        assert [v["output"] for v in votes] == [1.5] * 5  # version 1's answer, not the shadow's
+        await wait_for(lambda: shadow_view()["compared"] == n + 5, what="the ensemble's copies")
+        assert shadow_view()["agreements"] == n // 2  # 1.5 vs 2.5: each copy disagreed
+
         await c.set_shadow("m", None)
         await wait_for(lambda: not c.manager.replicas("m", "2"), what="the shadow to stop")
 
