@@ -301,3 +301,13 @@ def test_a_query_answered_by_the_shadow_version_is_not_shadowed() -> None:
     r.set_model_version("m", "2")
     t, _ = traffic(r, {("m", "1"): FakeScheduler(), ("m", "2"): FakeScheduler()})
     assert t.route("m", "", 1.0) == ("2", None)
+
+
+def test_pick_is_the_split_rule_without_counting() -> None:
+    r = registry("1", "2")
+    t, metrics = traffic(r, {("m", "1"): FakeScheduler(), ("m", "2"): FakeScheduler()})
+    assert t.pick("m", "alice") == "1"  # no rollout: the current version
+    r.set_rollout("m", Rollout.build("m", {"1": 50, "2": 50}, sticky=True))
+    assert t.pick("m", "alice") == r.rollouts["m"].pick("alice", random.Random())
+    assert value(metrics, "clipper_split_requests_total", model="m", version="1") == 0
+    assert value(metrics, "clipper_split_requests_total", model="m", version="2") == 0
