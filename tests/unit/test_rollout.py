@@ -311,3 +311,20 @@ def test_pick_is_the_split_rule_without_counting() -> None:
     assert t.pick("m", "alice") == r.rollouts["m"].pick("alice", random.Random())
     assert value(metrics, "clipper_split_requests_total", model="m", version="1") == 0
     assert value(metrics, "clipper_split_requests_total", model="m", version="2") == 0
+
+
+def test_no_copy_is_sent_for_an_input_the_real_version_already_refused() -> None:
+    r = registry("1", "2")
+    r.set_rollout("m", Rollout.build("m", None, shadow=Shadow("2", 1.0)))
+    shadow_sched = FakeScheduler()
+    t, metrics = traffic(r, {("m", "1"): FakeScheduler(), ("m", "2"): shadow_sched})
+    _, copies = t.route("m", "", 5.0)
+    assert copies is not None
+    refused = copies.wrap(b"x", lambda v, e: None)
+    kept = copies.wrap(b"y", lambda v, e: None)
+    refused(None, OverloadedError("shed at admission"))  # as submit does, synchronously
+    copies.fire()
+    assert [task.payload for task in shadow_sched.tasks] == [b"y"]
+    assert t.in_flight("m", "2") == 1
+    assert value(metrics, "clipper_shadow_requests_total", model="m", version="2") == 1
+    kept(3, None)

@@ -164,7 +164,7 @@ class ShadowCopies:
         self.sched = sched
         self.clock = clock
         self.deadline = deadline
-        self.pending: list[Task] = []
+        self.pending: list[tuple[Task, _Comparison]] = []
 
     def wrap(self, payload: bytes, waiter: Waiter) -> Waiter:
         lane = self.lane
@@ -173,14 +173,18 @@ class ShadowCopies:
             return waiter
         lane.in_flight += 1
         cmp = _Comparison(lane, self.clock)
-        self.pending.append(Task(payload, self.deadline, cmp.sent_at, None, cmp.shadow_done))
+        task = Task(payload, self.deadline, cmp.sent_at, None, cmp.shadow_done)
+        self.pending.append((task, cmp))
         return cmp.real_waiter(waiter)
 
     def fire(self) -> None:
         """Queue the copies on the shadow version's scheduler (after the real inputs)."""
         sched, lane = self.sched, self.lane
         submitted = False
-        for task in self.pending:
+        for task, cmp in self.pending:
+            if cmp.real is None:  # the real input was refused already (shed): nothing to compare
+                lane.in_flight -= 1
+                continue
             lane.sent.inc()
             try:
                 sched.submit(task)
