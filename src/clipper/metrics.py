@@ -153,7 +153,8 @@ class Metrics:
         )
         self.shadow_latency = Histogram(
             "clipper_shadow_latency_seconds",
-            "For shadowed inputs: time from the copy to each side's answer (role real or shadow)",
+            "For shadowed inputs: each side's time to answer (role real: from queueing the real "
+            "input; role shadow: from sending the copy)",
             ["model", "version", "role"],
             buckets=_LATENCY_BUCKETS,
             registry=r,

@@ -206,7 +206,14 @@ class FakeScheduler:
 
 def traffic(r: Registry, scheds: dict[tuple[str, str], Any]) -> tuple[Traffic, Metrics]:
     metrics = Metrics()
-    return Traffic(r, scheds, clock=FakeClock(), metrics=metrics, rng=random.Random(5)), metrics
+    t = Traffic(r, scheds, clock=FakeClock(), metrics=metrics, rng=random.Random(5))
+    return t, metrics
+
+
+def run_soon(t: Traffic) -> None:
+    """Run the callbacks the traffic module deferred (the shadow's pump)."""
+    assert isinstance(t.clock, FakeClock)
+    t.clock.advance(0.0)
 
 
 def value(metrics: Metrics, name: str, **labels: str) -> float:
@@ -225,24 +232,32 @@ def test_a_drawn_version_without_replicas_hands_its_query_to_the_current_one() -
     assert value(metrics, "clipper_split_requests_total", model="m", version="2") == 1
 
 
-def test_shadow_copies_go_after_the_real_inputs_and_are_compared() -> None:
+def test_a_copy_goes_only_after_its_real_answer_and_is_compared() -> None:
     r = registry("1", "2")
     r.set_rollout("m", Rollout.build("m", None, shadow=Shadow("2", 1.0)))
     shadow_sched = FakeScheduler()
     t, metrics = traffic(r, {("m", "1"): FakeScheduler(), ("m", "2"): shadow_sched})
-    version, copies = t.route("m", "", 5.0)
+    version, copies = t.route("m", "", 0.5)
     assert version == "1" and copies is not None
     answers: list[object] = []
-    waiters = [copies.wrap(p, lambda v, e: answers.append(v)) for p in (b"a", b"b", b"c")]
-    assert shadow_sched.tasks == []  # nothing queued for the shadow before fire()
+    waiters = [copies.wrap(p, lambda v, e: answers.append(v)) for p in (b"a", b"b", b"c", b"d")]
+    waiters[0](10, None)  # a cache hit while the request is still being queued
+    assert shadow_sched.tasks == [] and answers == [10]
     copies.fire()
-    assert [task.payload for task in shadow_sched.tasks] == [b"a", b"b", b"c"]
-    assert shadow_sched.pumps == 1 and t.in_flight("m", "2") == 3
-    assert all(task.key is None and task.deadline == 5.0 for task in shadow_sched.tasks)
-    waiters[0](10, None)
+    assert [task.payload for task in shadow_sched.tasks] == [b"a"]
+    assert shadow_sched.pumps == 0  # deferred until the running callbacks return
+    run_soon(t)
+    assert shadow_sched.pumps == 1
     waiters[1](20, None)
     waiters[2](30, None)
-    assert answers == [10, 20, 30]  # the real answers pass through untouched
+    waiters[3](None, ModelError("the real version failed"))
+    assert answers == [10, 20, 30, None]  # the real answers pass through untouched, first
+    run_soon(t)
+    assert shadow_sched.pumps == 2  # one pump for the copies that arrived together
+    assert [task.payload for task in shadow_sched.tasks] == [b"a", b"b", b"c"]  # no copy of d
+    now = t.clock.now()
+    assert all(task.key is None and task.deadline == now + 0.5 for task in shadow_sched.tasks)
+    assert t.in_flight("m", "2") == 3
     a, b, c = shadow_sched.tasks
     assert a.waiter is not None and b.waiter is not None and c.waiter is not None
     a.waiter(10, None)
@@ -265,9 +280,12 @@ def test_shadow_copies_beyond_the_bound_are_dropped_and_counted() -> None:
     t, metrics = traffic(r, {("m", "1"): FakeScheduler(), ("m", "2"): shadow_sched})
     _, copies = t.route("m", "", 5.0)
     assert copies is not None
-    for i in range(MAX_SHADOW_IN_FLIGHT + 10):
-        copies.wrap(str(i).encode(), lambda v, e: None)
+    waiters = [
+        copies.wrap(str(i).encode(), lambda v, e: None) for i in range(MAX_SHADOW_IN_FLIGHT + 10)
+    ]
     copies.fire()
+    for waiter in waiters:
+        waiter(1, None)
     assert len(shadow_sched.tasks) == MAX_SHADOW_IN_FLIGHT
     assert value(metrics, "clipper_shadow_dropped_total", model="m", version="2") == 10
 
@@ -313,7 +331,7 @@ def test_pick_is_the_split_rule_without_counting() -> None:
     assert value(metrics, "clipper_split_requests_total", model="m", version="2") == 0
 
 
-def test_no_copy_is_sent_for_an_input_the_real_version_already_refused() -> None:
+def test_no_copy_is_sent_for_an_input_the_real_version_refused() -> None:
     r = registry("1", "2")
     r.set_rollout("m", Rollout.build("m", None, shadow=Shadow("2", 1.0)))
     shadow_sched = FakeScheduler()
@@ -324,7 +342,7 @@ def test_no_copy_is_sent_for_an_input_the_real_version_already_refused() -> None
     kept = copies.wrap(b"y", lambda v, e: None)
     refused(None, OverloadedError("shed at admission"))  # as submit does, synchronously
     copies.fire()
+    kept(3, None)
     assert [task.payload for task in shadow_sched.tasks] == [b"y"]
     assert t.in_flight("m", "2") == 1
     assert value(metrics, "clipper_shadow_requests_total", model="m", version="2") == 1
-    kept(3, None)

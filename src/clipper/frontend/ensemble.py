@@ -191,7 +191,7 @@ class SelectionRuntime:
         for model in chosen:
             version, shadow = proc.registry.current.get(model), None
             if proc.traffic is not None and model in proc.registry.rollouts:
-                version, shadow = proc.traffic.route(model, uid, deadline)
+                version, shadow = proc.traffic.route(model, uid, slo_s)
             sched = proc.schedulers.get((model, version or ""))
             if version is None or sched is None or not sched.replicas:
                 gone = ReplicaError(f"no replica of model {model}:{version} is alive")

@@ -288,7 +288,7 @@ class QueryProcessor:
         if version is None:
             version = self.registry.current.get(model_name)
             if self.traffic is not None and model_name in self.registry.rollouts:
-                version, q.shadow = self.traffic.route(model_name, uid, t0 + budget)
+                version, q.shadow = self.traffic.route(model_name, uid, budget)
                 if version is not None and hasattr(reply, "version"):
                     # The V2 protocols' answers name the version: the one the split chose.
                     setattr(reply, "version", version)  # noqa: B010 (not every Reply has it)

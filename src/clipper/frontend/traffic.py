@@ -5,10 +5,11 @@ current version, or a draw from its split (by a hash of the ``uid`` when the spl
 A drawn version with no connected replica (still starting, or restarting) hands its query to
 the current version, counted, so a split can change under load without failing a query.
 
-A shadowed query's inputs are copied to the shadow version, fire and forget: the real inputs are
-queued first, the copies afterwards on the shadow version's own scheduler (its own queue, its
-own admission), never through the prediction cache, and nothing on the real path waits for them.
-Each copy is compared with the real answer when both have arrived. At most
+A shadowed query's inputs are copied to the shadow version, fire and forget: each copy is queued
+only once its real answer has been delivered, on the shadow version's own scheduler (its own
+queue, its own admission) with the query's latency budget from then, never through the
+prediction cache; nothing on the real path waits for it, and an input whose real answer failed
+is not copied. The shadow's answer is then compared with the real one. At most
 :data:`MAX_SHADOW_IN_FLIGHT` copies per shadow version are outstanding; further ones are
 dropped and counted. Everything is counted in the ``clipper_split_*`` and ``clipper_shadow_*``
 metrics, which the admin API's ``get_traffic`` summarises.
@@ -64,6 +65,7 @@ class _Lane:
         "in_flight",
         "metrics",
         "model",
+        "pump_due",
         "real_latency",
         "sent",
         "shadow_latency",
@@ -75,6 +77,7 @@ class _Lane:
         self.version = version
         self.metrics = metrics
         self.in_flight = 0
+        self.pump_due = False
         self.sent = _Tally(metrics.shadow_requests.labels(model=model, version=version))
         self.agree = _Tally(metrics.shadow_agreements.labels(model=model, version=version))
         self.disagree = _Tally(metrics.shadow_disagreements.labels(model=model, version=version))
@@ -84,6 +87,19 @@ class _Lane:
             model=model, version=version, role="shadow"
         )
         self.errors: dict[str, _Tally] = {}
+
+    def pump_soon(self, sched: ModelScheduler, clock: Clock) -> None:
+        """Pump the shadow's scheduler once the callbacks running now have returned: the real
+        answers of a batch are all delivered first, and their copies go as one batch."""
+        if self.pump_due:
+            return
+        self.pump_due = True
+
+        def pump() -> None:
+            self.pump_due = False
+            sched.pump()
+
+        clock.call_later(0.0, pump)
 
     def error(self, reason: str) -> None:
         counter = self.errors.get(reason)
@@ -109,62 +125,62 @@ def _reason(err: BaseException) -> str:
 
 
 class _Comparison:
-    """One shadowed input: the real answer and the shadow's, compared once both are in."""
+    """One shadowed input. Its copy goes to the shadow only once the real answer has been
+    delivered (the real query's callback runs first), and the two answers are compared."""
 
-    __slots__ = ("clock", "lane", "real", "sent_at", "shadow")
+    __slots__ = ("copies", "payload", "real", "sent_at", "shadow", "started")
 
-    def __init__(self, lane: _Lane, clock: Clock) -> None:
-        self.lane = lane
-        self.clock = clock
-        self.sent_at = clock.now()
+    def __init__(self, copies: ShadowCopies, payload: bytes) -> None:
+        self.copies = copies
+        self.payload = payload
+        self.started = copies.clock.now()
+        self.sent_at = self.started
         self.real: Any = _PENDING
         self.shadow: Any = _PENDING
 
     def real_waiter(self, waiter: Waiter) -> Waiter:
         def done(value: object, err: BaseException | None) -> None:
+            first = self.real is _PENDING
+            if first:
+                self.real = None if err is not None else (value,)
             try:
-                if self.real is _PENDING:
-                    self.real = None if err is not None else (value,)
-                    if err is None:
-                        self.lane.real_latency.observe(self.clock.now() - self.sent_at)
-                    self._compare()
+                waiter(value, err)  # the real query's own callback, first
             finally:
-                waiter(value, err)  # the real query's own callback, whatever happened above
+                if first:
+                    self.copies.real_done(self)
 
         return done
 
     def shadow_done(self, value: object, err: BaseException | None) -> None:
         if self.shadow is not _PENDING:
             return
-        lane = self.lane
+        lane = self.copies.lane
         lane.in_flight -= 1
         if err is not None:
             self.shadow = None
             lane.error(_reason(err))
-        else:
-            self.shadow = (value,)
-            lane.shadow_latency.observe(self.clock.now() - self.sent_at)
-        self._compare()
-
-    def _compare(self) -> None:
-        real, shadow = self.real, self.shadow
-        if real is _PENDING or shadow is _PENDING or real is None or shadow is None:
-            return  # waiting for the other side, or one side has no answer to compare
-        (self.lane.agree if real[0] == shadow[0] else self.lane.disagree).inc()
+            return
+        self.shadow = (value,)
+        lane.shadow_latency.observe(self.copies.clock.now() - self.sent_at)
+        (lane.agree if self.real[0] == value else lane.disagree).inc()
 
 
 class ShadowCopies:
     """The shadow copies of one request's inputs: :meth:`wrap` each real input's waiter while
-    queueing the real inputs, then :meth:`fire` once they are all queued."""
+    queueing the real inputs, then :meth:`fire` once they are all queued. A copy is queued on
+    the shadow version's scheduler when its real answer has been delivered (none before
+    :meth:`fire`), with the same latency budget from then; the scheduler is pumped once, after
+    the callbacks running now (a batch of real answers) have finished."""
 
-    __slots__ = ("clock", "deadline", "lane", "pending", "sched")
+    __slots__ = ("budget_s", "clock", "fired", "lane", "ready", "sched")
 
-    def __init__(self, lane: _Lane, sched: ModelScheduler, clock: Clock, deadline: float) -> None:
+    def __init__(self, lane: _Lane, sched: ModelScheduler, clock: Clock, budget_s: float) -> None:
         self.lane = lane
         self.sched = sched
         self.clock = clock
-        self.deadline = deadline
-        self.pending: list[tuple[Task, _Comparison]] = []
+        self.budget_s = budget_s
+        self.fired = False
+        self.ready: list[_Comparison] = []
 
     def wrap(self, payload: bytes, waiter: Waiter) -> Waiter:
         lane = self.lane
@@ -172,30 +188,38 @@ class ShadowCopies:
             lane.dropped.inc()
             return waiter
         lane.in_flight += 1
-        cmp = _Comparison(lane, self.clock)
-        task = Task(payload, self.deadline, cmp.sent_at, None, cmp.shadow_done)
-        self.pending.append((task, cmp))
-        return cmp.real_waiter(waiter)
+        return _Comparison(self, payload).real_waiter(waiter)
 
     def fire(self) -> None:
-        """Queue the copies on the shadow version's scheduler (after the real inputs)."""
-        sched, lane = self.sched, self.lane
-        submitted = False
-        for task, cmp in self.pending:
-            if cmp.real is None:  # the real input was refused already (shed): nothing to compare
-                lane.in_flight -= 1
-                continue
-            lane.sent.inc()
-            try:
-                sched.submit(task)
-            except OverloadedError as e:
-                assert task.waiter is not None
-                task.waiter(None, e)
-            else:
-                submitted = True
-        self.pending = []
-        if submitted:
-            sched.pump()
+        """The real inputs are all queued: copies may go from now on."""
+        self.fired = True
+        ready, self.ready = self.ready, []
+        for cmp in ready:
+            self._send(cmp)
+
+    def real_done(self, cmp: _Comparison) -> None:
+        lane = self.lane
+        if cmp.real is None:  # the real input failed or was shed: nothing to compare with
+            lane.in_flight -= 1
+            return
+        lane.real_latency.observe(self.clock.now() - cmp.started)
+        if self.fired:
+            self._send(cmp)
+        else:
+            self.ready.append(cmp)  # answered from the cache while the request was queued
+
+    def _send(self, cmp: _Comparison) -> None:
+        lane = self.lane
+        lane.sent.inc()
+        now = self.clock.now()
+        cmp.sent_at = now
+        task = Task(cmp.payload, now + self.budget_s, now, None, cmp.shadow_done)
+        try:
+            self.sched.submit(task)
+        except OverloadedError as e:
+            cmp.shadow_done(None, e)
+            return
+        lane.pump_soon(self.sched, self.clock)
 
 
 class Traffic:
@@ -231,10 +255,11 @@ class Traffic:
         return rollout.pick(uid, self.rng)
 
     def route(
-        self, model: str, uid: str, deadline: float
+        self, model: str, uid: str, budget_s: float
     ) -> tuple[str | None, ShadowCopies | None]:
         """The version that answers an unpinned query of ``model`` (None: none is current),
-        and the shadow copies to make of its inputs (None: not shadowed)."""
+        and the shadow copies to make of its inputs (None: not shadowed), each with
+        ``budget_s`` to answer from when it is sent."""
         registry = self.registry
         current = registry.current.get(model)
         rollout = registry.rollouts.get(model)
@@ -263,7 +288,7 @@ class Traffic:
         if sched is None:
             lane.error("no_replica")
             return version, None
-        return version, ShadowCopies(lane, sched, self.clock, deadline)
+        return version, ShadowCopies(lane, sched, self.clock, budget_s)
 
     def _counters(self, model: str, version: str) -> tuple[_Tally, _Tally]:
         key = (model, version)
