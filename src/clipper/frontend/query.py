@@ -342,7 +342,7 @@ class QueryProcessor:
                 break  # rejected with 503
         if submitted:
             sched.pump()
-        if q.shadow is not None:  # after the real inputs: the copies never go first
+        if q.shadow is not None:  # the real inputs are queued: copies follow their answers
             q.shadow.fire()
             q.shadow = None
         if q.reply is not None and q.remaining:
