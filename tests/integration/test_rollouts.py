@@ -266,6 +266,8 @@ async def test_bad_rollouts_are_refused_and_change_nothing(
         assert "has no version '9'" in capsys.readouterr().err
         assert await asyncio.to_thread(main, ["model", "split", "m", "1=x", *urls]) == 2
         assert await asyncio.to_thread(main, ["model", "shadow", "m", *urls]) == 2
+        assert await asyncio.to_thread(main, ["model", "shadow", "m", "--off", *urls]) == 0
+        assert "shadow: none" in capsys.readouterr().out
         assert await asyncio.to_thread(main, ["model", "traffic", "m", *urls]) == 0
         assert "split: 1 50.0%, 2 50.0% (sticky per uid)" in capsys.readouterr().out
         expected = c.registry.rollouts["m"]
