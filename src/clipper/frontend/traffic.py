@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_SHADOW_IN_FLIGHT", "ShadowCopies", "Traffic"]
 
-# Shadow inputs outstanding per shadow version (queued or at a replica) before copies are dropped.
+# Shadow copies outstanding per shadow version (waiting for their real answer, queued, or at a
+# replica) before further ones are dropped.
 MAX_SHADOW_IN_FLIGHT = 256
 
 Waiter = Callable[[object, BaseException | None], None]
