@@ -5,7 +5,8 @@ A split names versions with relative weights (``{"1": 95, "2": 5}`` and ``{"1": 
 "2": 0.05}`` are the same split). A query without a ``version`` goes to a version drawn by
 weight; with ``sticky``, a query that gives a ``uid`` goes to the version that a hash of the
 model name and the uid picks, the same on every frontend and after every restart. Versions are
-laid out in sorted order on [0, 1), so growing one version's weight only moves users onto it.
+laid out in sorted order on [0, 1), so in a split of two, growing one version's weight only
+moves users onto it.
 
 A shadow is a version that also gets a ``share`` (0 to 1) of the queries; its answers are only
 compared with the real ones, never returned (:mod:`clipper.frontend.traffic` runs it).
