@@ -5,6 +5,7 @@ The scripts run as ``python experiments/<name>.py``, so this module is imported 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from collections.abc import Sequence
@@ -96,3 +97,46 @@ def start_child(cmd: list[str], log_path: Path, limit_s: float = 150.0) -> tuple
     server.kill()
     tail = log_path.read_text()[-3000:]
     raise RuntimeError(f"the server did not start; its log ends with:\n{tail}")
+
+
+# --- experiments that run the real server in a child process --------------------------------
+
+
+class Connection:
+    """One HTTP/1.1 keep-alive connection; one request at a time."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> bytes:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in raw.decode("latin-1").split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        return await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def stop_server(server: subprocess.Popen[str]) -> None:
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

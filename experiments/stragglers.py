@@ -51,7 +51,17 @@ from typing import Any
 
 import numpy as np
 import orjson
-from common import digits, markdown_table, pct, pyplot, save, split, start_child
+from common import (
+    Connection,
+    digits,
+    markdown_table,
+    pct,
+    pyplot,
+    save,
+    split,
+    start_child,
+    stop_server,
+)
 
 N_MODELS = 16
 SIZES = (1, 2, 4, 8, 12, 16)
@@ -195,36 +205,6 @@ class Answer:
     doc: dict[str, Any]
 
 
-class Connection:
-    """One HTTP/1.1 keep-alive connection; one request at a time."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: bytes) -> bytes:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        self.writer.write(head.encode() + body)
-        raw = await self.reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in raw.decode("latin-1").split("\r\n")[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        return await self.reader.readexactly(length)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
 Ask = Callable[[Connection, int, list[float]], Awaitable[dict[str, Any]]]
 
 
@@ -363,16 +343,6 @@ def start_server(log_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Po
     cmd += ["--max-batch-size", str(args.max_batch_size)]
     server, url = start_child(cmd, log_dir / "server.log")
     return server, url
-
-
-def stop_server(server: subprocess.Popen[str]) -> None:
-    if server.poll() is None:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 async def warm_up(url: str, x: np.ndarray, test: np.ndarray) -> None:

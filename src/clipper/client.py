@@ -23,7 +23,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +221,28 @@ class Client:
         if version is not None:
             doc["model_version"] = version
         self.admin("set_num_replicas", doc)
+
+    def set_traffic_split(
+        self, name: str, weights: Mapping[str, float] | None, *, sticky: bool = False
+    ) -> dict[str, Any]:
+        """Split ``name``'s unpinned queries between versions (``{"1": 95, "2": 5}``; None
+        removes the split); returns the traffic view once the versions are ready."""
+        view: dict[str, Any] = self.admin(
+            "set_traffic_split", {"model_name": name, "split": weights, "sticky": sticky}
+        )
+        return view
+
+    def set_shadow(self, name: str, version: str | None, share: float = 1.0) -> dict[str, Any]:
+        """Copy ``share`` of ``name``'s queries to ``version`` (None: no shadow)."""
+        view: dict[str, Any] = self.admin(
+            "set_shadow", {"model_name": name, "version": version, "share": share}
+        )
+        return view
+
+    def get_traffic(self, name: str) -> dict[str, Any]:
+        """The model's split and shadow, with per-version counts and shadow agreement."""
+        view: dict[str, Any] = self.admin("get_traffic", {"model_name": name})
+        return view
 
     def list_models(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.admin("get_all_models", {"verbose": True})

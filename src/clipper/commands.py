@@ -31,6 +31,7 @@ from clipper.client import Client
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
 from clipper.pipeline.describe import apply_description
+from clipper.rollout_commands import add_rollout_commands, run_rollout_command
 
 __all__ = ["add_commands", "run_command"]
 
@@ -149,6 +150,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
         help="delete it even if it is the current version serving an application",
     )
     model.add_parser("list", parents=[common], help="list model versions")
+    add_rollout_commands(model, common)
 
     link = sub.add_parser("link", parents=[common], help="link a model to an application")
     link.add_argument("app")
@@ -217,6 +219,9 @@ def run_command(args: argparse.Namespace) -> int:
 def _dispatch(client: Client, args: argparse.Namespace) -> int:
     cmd, action = args.command, getattr(args, "action", None)
     out: Any
+    done = run_rollout_command(client, args)
+    if done is not None:
+        return done
     if cmd == "app" and action == "register":
         _json_text(args.default_output, "--default-output")
         client.register_application(

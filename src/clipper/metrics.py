@@ -114,6 +114,61 @@ class Metrics:
             registry=r,
         )
 
+        # Rollouts (clipper.frontend.traffic): where a split sent queries, and how a shadow
+        # version's answers compare with the real ones.
+        self.split_requests = Counter(
+            "clipper_split_requests",
+            "Queries a model's traffic split sent to each version",
+            ["model", "version"],
+            registry=r,
+        )
+        self.split_fallbacks = Counter(
+            "clipper_split_fallbacks",
+            "Queries the split drew for a version with no connected replica, answered by the "
+            "current version instead",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_requests = Counter(
+            "clipper_shadow_requests",
+            "Inputs copied to a shadow version",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_agreements = Counter(
+            "clipper_shadow_agreements",
+            "Shadow answers equal to the real answer",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_disagreements = Counter(
+            "clipper_shadow_disagreements",
+            "Shadow answers different from the real answer",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_errors = Counter(
+            "clipper_shadow_errors",
+            "Shadow copies without an answer, by reason (model_error, deadline, overload, "
+            "no_replica, error)",
+            ["model", "version", "reason"],
+            registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "clipper_shadow_dropped",
+            "Shadow copies not sent: the shadow version already had its bound of inputs in flight",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_latency = Histogram(
+            "clipper_shadow_latency_seconds",
+            "For shadowed inputs: each side's time to answer (role real: from queueing the real "
+            "input; role shadow: from sending the copy)",
+            ["model", "version", "role"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
         # Incremented on the RPC authentication thread (prometheus_client counters are
         # thread-safe).
         self.rpc_refused = Counter(
@@ -144,8 +199,18 @@ class Metrics:
             self.cache_misses,
             self.model_errors,
             self.artifact_fetches,
+            self.split_requests,
+            self.split_fallbacks,
+            self.shadow_requests,
+            self.shadow_agreements,
+            self.shadow_disagreements,
+            self.shadow_dropped,
         ):
             _remove(metric, model, version)
+        for reason in _label_values(self.shadow_errors, "reason", model=model, version=version):
+            _remove(self.shadow_errors, model, version, reason)
+        for role in _label_values(self.shadow_latency, "role", model=model, version=version):
+            _remove(self.shadow_latency, model, version, role)
         for replica in _label_values(self.replica_latency, "replica", model=model, version=version):
             _remove(self.replica_latency, model, version, replica)
 

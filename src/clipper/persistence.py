@@ -72,6 +72,10 @@ def diff_registries(before: Registry, after: Registry) -> list[Op]:
         if before.intents.get(name) != intent:
             ops.append(Put("intent", name, intent.to_record()))
     ops.extend(Delete("intent", name) for name in before.intents if name not in after.intents)
+    for name, rollout in after.rollouts.items():
+        if before.rollouts.get(name) is not rollout:
+            ops.append(Put("rollout", name, rollout.to_record()))
+    ops.extend(Delete("rollout", name) for name in before.rollouts if name not in after.rollouts)
     return ops
 
 

@@ -22,6 +22,7 @@ from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
 from clipper.pipeline.spec import Pipeline, check_against, parse_pipeline
+from clipper.rollout import Rollout
 
 __all__ = [
     "GONE",
@@ -268,7 +269,7 @@ class Intent:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    kind: Literal["app", "model", "link", "version", "replicas", "intent"]
+    kind: Literal["app", "model", "link", "version", "replicas", "intent", "rollout"]
     op: Literal["add", "update", "delete"]
     name: str
     version: str | None = None
@@ -288,6 +289,8 @@ class Registry:
         self.links: dict[str, list[str]] = {}
         # model name -> the version change under way for it (at most one at a time)
         self.intents: dict[str, Intent] = {}
+        # model name -> its traffic split and shadow (clipper.rollout), when it has one
+        self.rollouts: dict[str, Rollout] = {}
         self._listeners: list[Listener] = []
 
     def copy(self) -> Registry:
@@ -298,6 +301,7 @@ class Registry:
         r.current = dict(self.current)
         r.links = {app: list(models) for app, models in self.links.items()}
         r.intents = dict(self.intents)
+        r.rollouts = dict(self.rollouts)
         return r
 
     def records(self) -> Records:
@@ -312,6 +316,7 @@ class Registry:
             "current": dict(self.current),
             "links": {app: list(models) for app, models in self.links.items()},
             "intent": {name: i.to_record() for name, i in self.intents.items()},
+            "rollout": {name: ro.to_record() for name, ro in self.rollouts.items()},
         }
 
     def apply_snapshot(self, target: Records) -> list[Change]:
@@ -368,6 +373,11 @@ class Registry:
             ):
                 self.links[app_name] = [str(m) for m in wanted]
                 changes.append(Change("link", "update", app_name))
+        for name, ro in _parsed(puts.get("rollout", {}), Rollout.from_record).items():
+            if self.rollouts.get(name) != ro:
+                op = "add" if name not in self.rollouts else "update"
+                self.rollouts[name] = ro
+                changes.append(Change("rollout", op, name))
         for name, intent in _parsed(puts.get("intent", {}), Intent.from_record).items():
             if self.intents.get(name) != intent:
                 op = "add" if name not in self.intents else "update"
@@ -377,6 +387,8 @@ class Registry:
             if name in self.intents:
                 ended = self.intents.pop(name)
                 changes.append(Change("intent", "delete", name, ended.version))
+        undone = [n for n in gone.get("rollout", []) if self.rollouts.pop(n, None) is not None]
+        changes.extend(Change("rollout", "delete", name) for name in undone)
         dropped = [n for n in gone.get("current", []) if self.current.pop(n, None) is not None]
         changes.extend(Change("version", "delete", name) for name in dropped)
         for key in gone.get("model", []):
@@ -502,6 +514,13 @@ class Registry:
 
     def delete_model_version(self, name: str, version: str) -> None:
         self.get_model(name, version)
+        rollout = self.rollouts.get(name)
+        if rollout is not None and version in rollout.versions:
+            role = "shadows its queries" if version not in rollout.weights else "is in its split"
+            raise RegistryError(
+                f"version '{version}' of model '{name}' {role}: take it out of the rollout "
+                "first (set_traffic_split / set_shadow), then delete it"
+            )
         del self.models[name][version]
         if self.current.get(name) == version:
             del self.current[name]
@@ -565,13 +584,52 @@ class Registry:
         if gone is not None:
             self._emit(Change("intent", "delete", name, gone.version))
 
+    # traffic splits and shadows
+    def set_rollout(self, name: str, rollout: Rollout | None) -> Rollout | None:
+        """Give ``name`` a rollout (None or an empty one removes it). Every version it names
+        must be registered, have replicas to run, and not be a deploy under way."""
+        if name not in self.models:
+            raise RegistryError(f"No model with name '{name}' exists.")
+        if rollout is not None and rollout.empty:
+            rollout = None
+        if rollout is None:
+            if self.rollouts.pop(name, None) is not None:
+                self._emit(Change("rollout", "delete", name))
+            return None
+        versions = self.models[name]
+        for version in sorted(rollout.versions):
+            mv = versions.get(version)
+            if mv is None:
+                raise RegistryError(
+                    f"model '{name}' has no version '{version}' (its versions: "
+                    f"{', '.join(sorted(versions))})"
+                )
+            if mv.artifact is not None and mv.num_replicas == 0:
+                raise RegistryError(
+                    f"version '{version}' of model '{name}' is set to 0 replicas: scale it up "
+                    "first, or it would take its share of the traffic with nothing to answer"
+                )
+            intent = self.intents.get(name)
+            if intent is not None and intent.added and intent.version == version:
+                raise RegistryError(
+                    f"version '{version}' of model '{name}' is still being deployed; retry "
+                    "when the deploy has finished"
+                )
+        op: Literal["add", "update"] = "update" if name in self.rollouts else "add"
+        self.rollouts[name] = rollout
+        self._emit(Change("rollout", op, name))
+        return rollout
+
     def runs(self, mv: ModelVersion) -> bool:
-        """Whether ``mv`` should have replicas: it is current, kept, or being switched to."""
+        """Whether ``mv`` should have replicas: it is current, kept, being switched to, or
+        named by the model's rollout (a split or a shadow)."""
         intent = self.intents.get(mv.name)
+        rollout = self.rollouts.get(mv.name)
         return (
             mv.keep
             or self.current.get(mv.name) == mv.version
             or (intent is not None and intent.version == mv.version)
+            or (rollout is not None and mv.version in rollout.versions)
         )
 
 

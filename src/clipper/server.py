@@ -19,7 +19,7 @@ import secrets
 import shutil
 import signal
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ from clipper.frontend.http import HttpLimits, HttpServer
 from clipper.frontend.loop_lag import LoopLagMonitor
 from clipper.frontend.query import QueryProcessor
 from clipper.frontend.routes import AdminRoutes, QueryRoutes
+from clipper.frontend.traffic import Traffic
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager, ManagerContext, open_manager
 from clipper.metrics import Metrics
@@ -44,6 +45,7 @@ from clipper.metrics_window import MetricsWindow
 from clipper.persistence import StoreSync
 from clipper.pipeline.run import PipelineRuntime
 from clipper.registry import Application, ModelVersion, Registry
+from clipper.rollout import Rollout, with_shadow, with_split
 from clipper.rpc.artifacts import ArtifactServer
 from clipper.rpc.server import RpcServer
 from clipper.runtime.catalog import Catalog, QueryServices
@@ -118,6 +120,10 @@ class Clipper:
         )
         self.processor.on_feedback = self._send_update
         self.processor.pipelines = PipelineRuntime(self.processor)
+        self.traffic = Traffic(
+            self.registry, self.schedulers, clock=self.clock, metrics=self.metrics
+        )
+        self.processor.traffic = self.traffic
         self.directory = ReplicaDirectory(
             self.schedulers,
             clock=self.clock,
@@ -203,6 +209,7 @@ class Clipper:
             max_upload_unpacked_bytes=config.max_upload_unpacked_bytes,
             max_upload_files=config.max_upload_files,
             window=self.metrics_window,
+            traffic=self.traffic,
         )
         self.dashboard: Dashboard | None = None
         if config.dashboard_sample_s > 0:
@@ -488,6 +495,44 @@ class Clipper:
             ready_timeout_s=ready_timeout_s,
         )
 
+    async def set_traffic_split(
+        self,
+        name: str,
+        weights: Mapping[str, float] | None,
+        *,
+        sticky: bool = False,
+        ready_timeout_s: float = 60.0,
+    ) -> Rollout | None:
+        """Split ``name``'s unpinned queries between versions by weight (``{"1": 95, "2": 5}``;
+        None or ``{}`` removes the split: the current version answers them all again). With
+        ``sticky``, a query's ``uid`` always goes to the same version. Returns once every
+        version named has its replicas connected (docs/rollouts.md)."""
+        return await self.control.set_rollout(
+            name, lambda r: with_split(r, name, weights, sticky=sticky),
+            ready_timeout_s=ready_timeout_s,
+        )  # fmt: skip
+
+    async def set_shadow(
+        self,
+        name: str,
+        version: str | None,
+        share: float = 1.0,
+        *,
+        ready_timeout_s: float = 60.0,
+    ) -> Rollout | None:
+        """Copy a ``share`` (0 to 1) of ``name``'s queries to ``version``, whose answers are
+        only compared with the real ones (``version`` None: no shadow)."""
+        return await self.control.set_rollout(
+            name, lambda r: with_shadow(r, name, version, share), ready_timeout_s=ready_timeout_s
+        )
+
+    def traffic_of(self, name: str) -> dict[str, Any]:
+        """The model's split and shadow, and what they did on this frontend (the admin API's
+        ``get_traffic``)."""
+        if name not in self.registry.models:
+            raise RegistryError(f"No model with name '{name}' exists.")
+        return self.traffic.describe(name)
+
     async def set_num_replicas(
         self,
         name: str,
@@ -554,6 +599,7 @@ class Clipper:
 
     def _forget_version(self, name: str, version: str) -> None:
         self.processor.forget_version(name, version)
+        self.traffic.forget_version(name, version)
         self.artifacts.forget(name, version)
 
     def _advertised_host(self) -> str:

@@ -8,6 +8,7 @@ request is one ``asyncio.open_connection`` with ``Connection: close`` and a body
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -137,3 +138,33 @@ def write_row_sums(directory: Path) -> str:
     finally:
         cloudpickle.unregister_pickle_by_value(models)
     return str(path)
+
+
+async def versioned_client(
+    base_url: str,
+    app: str,
+    k: int,
+    *,
+    stop: asyncio.Event,
+    outcomes: collections.Counter[str],
+    versions: collections.deque[int] | None = None,
+) -> None:
+    """A closed-loop client of a model answering ``{"version", "sum"}`` (models.version_one,
+    version_two): sends ``[k, i]`` back to back until ``stop``, counting each answer in
+    ``outcomes`` as ``v<version>``, ``default: <why>`` or ``status <code>``, and appending
+    each version that answered to ``versions``."""
+    i = 0
+    while not stop.is_set():
+        i += 1
+        resp = await predict(base_url, app, {"input": [float(k), float(i)]})
+        if resp.status != 200:
+            outcomes[f"status {resp.status}"] += 1
+            continue
+        doc = resp.json()
+        if doc["default"]:
+            outcomes["default: " + doc["default_explanation"]] += 1
+            continue
+        assert doc["output"]["sum"] == float(k + i)
+        outcomes[f"v{doc['output']['version']}"] += 1
+        if versions is not None:
+            versions.append(doc["output"]["version"])

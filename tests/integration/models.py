@@ -141,3 +141,17 @@ def dies_on_negative(xs: Any) -> list[float]:
     if any(float(np.asarray(x)[0]) < 0 for x in xs):
         os._exit(3)
     return row_sums(xs)
+
+
+# -- canary and shadow ----------------------------------------------------------------------------
+
+
+def sums_off_when_odd(xs: Any) -> list[float]:
+    """Agrees with ``row_sums`` on rows whose first value is even, is 1 more on the others."""
+    return [float(np.asarray(x).sum()) + (int(np.asarray(x)[0]) % 2) for x in xs]
+
+
+def sleepy_sums(xs: Any) -> list[float]:
+    """``row_sums`` after two seconds: slower than the latency SLO of the test that uses it."""
+    time.sleep(2.0)
+    return row_sums(xs)

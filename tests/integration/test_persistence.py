@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,6 @@ import pytest
 from clipper import Clipper
 from tests.integration.helpers import predict_ok, wait_for
 from tests.integration.models import row_sums
-from tests.integration.redis_server import REDIS_SERVER, start_redis, stop_redis
 
 pytestmark = pytest.mark.integration
 
@@ -39,16 +36,6 @@ async def test_a_restarted_frontend_serves_what_it_served_with_no_manual_step(
         await c.wait_for_replicas("summer", "1", 2)  # started again by the restart itself
         after = await predict_ok(c.query_url, "sums", {"input": [1.0, 2.0]})
         assert after == {**after, "output": 3.0, "default": False}
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
-    pytest.importorskip("redis", reason="pip install 'redis>=5'")
-    proc, port = start_redis()
-    yield f"redis://127.0.0.1:{port}/0?prefix=t{uuid.uuid4().hex[:8]}"
-    stop_redis(proc)
 
 
 async def test_two_frontends_on_one_redis_see_each_others_changes_within_a_second(

@@ -81,7 +81,14 @@ def collector() -> tuple[asyncio.Queue[StoreEvent], Callable[[StoreEvent], None]
 
 async def test_put_load_delete_contract(stores: Callable[..., Any]) -> None:
     s: RedisStore = await stores()
-    assert await s.load() == {"app": {}, "model": {}, "current": {}, "links": {}, "intent": {}}
+    assert await s.load() == {
+        "app": {},
+        "model": {},
+        "current": {},
+        "links": {},
+        "intent": {},
+        "rollout": {},
+    }
     value: dict[str, Any] = {"labels": ["x"]}
     await s.put("app", "a", APP)
     await s.put("model", "m:1", value)
@@ -92,6 +99,8 @@ async def test_put_load_delete_contract(stores: Callable[..., Any]) -> None:
     await s.put("links", "b", ["m"])
     await s.delete("links", "b")
     await s.delete("links", "never-there")
+    rollout = {"name": "m", "split": {"1": 9.0, "2": 1.0}, "sticky": False, "shadow": None}
+    await s.put("rollout", "m", rollout)
     snap = await s.load()
     assert snap == {
         "app": {"a": APP},
@@ -99,6 +108,7 @@ async def test_put_load_delete_contract(stores: Callable[..., Any]) -> None:
         "current": {"m": "2"},
         "links": {"a": ["m"]},
         "intent": {},
+        "rollout": {"m": rollout},
     }
     snap["app"]["a"]["name"] = "mutated after load"
     assert (await s.load())["app"]["a"] == APP

@@ -8,7 +8,7 @@ import collections
 import pytest
 
 from clipper import Clipper
-from tests.integration.helpers import predict, wait_for
+from tests.integration.helpers import versioned_client, wait_for
 from tests.integration.models import version_one, version_two
 
 pytestmark = pytest.mark.integration
@@ -23,22 +23,10 @@ async def test_deploy_and_rollback_under_load_lose_nothing() -> None:
         outcomes: collections.Counter[str] = collections.Counter()
         stop = asyncio.Event()
 
-        async def client(k: int) -> None:
-            i = 0
-            while not stop.is_set():
-                i += 1
-                resp = await predict(c.query_url, "v", {"input": [float(k), float(i)]})
-                if resp.status != 200:
-                    outcomes[f"status {resp.status}"] += 1
-                    continue
-                doc = resp.json()
-                if doc["default"]:
-                    outcomes["default: " + doc["default_explanation"]] += 1
-                else:
-                    assert doc["output"]["sum"] == float(k + i)
-                    outcomes[f"v{doc['output']['version']}"] += 1
-
-        clients = [asyncio.create_task(client(k)) for k in range(8)]
+        clients = [
+            asyncio.create_task(versioned_client(c.query_url, "v", k, stop=stop, outcomes=outcomes))
+            for k in range(8)
+        ]
         try:
             await wait_for(lambda: outcomes["v1"] >= 50, what="traffic on version 1")
             # roll forward: v2 starts, takes over once ready, v1 drains and stops

@@ -15,6 +15,18 @@ def _observe(m: Metrics, model: str, version: str, replicas: int) -> None:
     m.model_errors.labels(model=model, version=version).inc()
     for r in range(replicas):
         m.replica_latency.labels(model=model, version=version, replica=str(r)).observe(0.01)
+    for counter in (
+        m.split_requests,
+        m.split_fallbacks,
+        m.shadow_requests,
+        m.shadow_agreements,
+        m.shadow_disagreements,
+        m.shadow_dropped,
+    ):
+        counter.labels(model=model, version=version).inc()
+    m.shadow_errors.labels(model=model, version=version, reason="deadline").inc()
+    for role in ("real", "shadow"):
+        m.shadow_latency.labels(model=model, version=version, role=role).observe(0.002)
 
 
 def test_deploy_delete_cycles_leave_metrics_bounded() -> None:

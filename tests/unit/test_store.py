@@ -41,7 +41,14 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 async def test_load_of_an_empty_store_has_every_config_kind(store: Store) -> None:
-    assert await store.load() == {"app": {}, "model": {}, "current": {}, "links": {}, "intent": {}}
+    assert await store.load() == {
+        "app": {},
+        "model": {},
+        "current": {},
+        "links": {},
+        "intent": {},
+        "rollout": {},
+    }
 
 
 async def test_put_then_load(store: Store) -> None:
@@ -49,6 +56,8 @@ async def test_put_then_load(store: Store) -> None:
     await store.put("model", "m:1", MODEL)
     await store.put("current", "m", "1")
     await store.put("links", "a", ["m"])
+    rollout = {"name": "m", "split": {"1": 95.0}, "sticky": True, "shadow": None}
+    await store.put("rollout", "m", rollout)
     snap = await store.load()
     assert snap == {
         "app": {"a": APP},
@@ -56,6 +65,7 @@ async def test_put_then_load(store: Store) -> None:
         "current": {"m": "1"},
         "links": {"a": ["m"]},
         "intent": {},
+        "rollout": {"m": rollout},
     }
 
 

@@ -62,6 +62,7 @@ from clipper.frontend.admin_fields import (
     write_file,
 )
 from clipper.frontend.admin_state import StateRoutes
+from clipper.frontend.admin_traffic import TrafficAdmin
 from clipper.frontend.http import Respond
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager
@@ -74,6 +75,7 @@ from clipper.store.base import StoreError
 if TYPE_CHECKING:
     from clipper.batching.scheduler import ModelScheduler, Replica
     from clipper.clock import Clock
+    from clipper.frontend.traffic import Traffic
     from clipper.runtime.control import Control
 
 __all__ = ["AdminApi"]
@@ -111,6 +113,7 @@ class AdminApi:
         max_upload_unpacked_bytes: int = DEFAULT_MAX_UPLOAD_UNPACKED_BYTES,
         max_upload_files: int = DEFAULT_MAX_UPLOAD_FILES,
         window: MetricsWindow | None = None,
+        traffic: Traffic | None = None,
     ) -> None:
         self.max_upload_unpacked_bytes = max_upload_unpacked_bytes
         self.max_upload_files = max_upload_files
@@ -156,6 +159,10 @@ class AdminApi:
         )  # fmt: skip
         self._sync.update(self.state_routes.sync_routes())
         self._async.update(self.state_routes.async_routes())
+        # Canary splits and shadows (docs/rollouts.md).
+        rollouts = TrafficAdmin(registry, control, traffic)
+        self._sync.update(rollouts.reads)
+        self._async.update(rollouts.writes)
 
     # -- dispatch ------------------------------------------------------------------------------
     def route(

@@ -126,6 +126,15 @@ SCHEMAS: dict[str, str] = {
     ),
     "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
     "get_logs": '{"max_bytes" := int (optional)}',
+    "set_traffic_split": (
+        '{"model_name" := string, "split" := {version: number > 0} | null (null or {}: no '
+        'split), "sticky" := bool (optional, default false)}'
+    ),
+    "set_shadow": (
+        '{"model_name" := string, "version" := string | null (null: no shadow), '
+        '"share" := number in [0, 1] (optional, default 1)}'
+    ),
+    "get_traffic": '{"model_name" := string}',
 }
 
 

@@ -210,7 +210,9 @@ class SelectionRuntime:
             proc, sel, state, chosen, len(payloads), reply=reply, t0=t0, deadline=deadline
         )
         for model in chosen:
-            version = proc.registry.current.get(model)
+            version, shadow = proc.registry.current.get(model), None
+            if proc.traffic is not None and model in proc.registry.rollouts:
+                version, shadow = proc.traffic.route(model, uid, slo_s)
             sched = proc.schedulers.get((model, version or ""))
             if version is None or sched is None or not sched.replicas:
                 gone = ReplicaError(f"no replica of model {model}:{version} is alive")
@@ -219,11 +221,14 @@ class SelectionRuntime:
                 continue
             submitted = False
             for i, payload in enumerate(payloads):
-                submitted |= proc.submit(
-                    app, model, version, sched, payload, deadline, q.waiter(i, model)
-                )
+                waiter = q.waiter(i, model)
+                if shadow is not None:
+                    waiter = shadow.wrap(payload, waiter)
+                submitted |= proc.submit(app, model, version, sched, payload, deadline, waiter)
             if submitted:
                 sched.pump()
+            if shadow is not None:
+                shadow.fire()
         if q.reply is not None:
             q.timer = proc.clock.call_later(
                 max(deadline - app.answer_margin_s - proc.clock.now(), 0.0), q.on_deadline
@@ -258,7 +263,10 @@ class SelectionRuntime:
             outputs: dict[str, Any] = {}
             missing: list[tuple[str, str]] = []
             for model in models:
+                # The version this user's queries go to (a non-sticky split draws again).
                 version = proc.registry.current.get(model)
+                if proc.traffic is not None and model in proc.registry.rollouts:
+                    version = proc.traffic.pick(model, uid)
                 if version is None:
                     continue
                 cached = proc.cache.peek((model, version, payload))

@@ -37,6 +37,7 @@ from clipper.frontend.prediction import (
     Reply,
     fail_internal,
 )
+from clipper.frontend.traffic import ShadowCopies, Traffic
 from clipper.inputs import parse_input
 from clipper.metrics import Metrics
 from clipper.registry import Application, Registry
@@ -100,6 +101,7 @@ class _Query:
         "remaining",
         "reply",
         "sched",
+        "shadow",
         "single",
         "t0",
         "timer",
@@ -132,6 +134,7 @@ class _Query:
         self.deadline = 0.0
         self.payloads: list[bytes] = []
         self.sched: ModelScheduler | None = None
+        self.shadow: ShadowCopies | None = None  # until its copies are fired
 
     def waiter(self, i: int) -> Callable[[object, BaseException | None], None]:
         def done(value: object, err: BaseException | None) -> None:
@@ -237,6 +240,8 @@ class QueryProcessor:
         self.selection: SelectionRuntime | None = None
         # Pipeline applications (docs/pipelines.md); set by the frontend.
         self.pipelines: PipelineRuntime | None = None
+        # Canary splits and shadows between a model's versions; set by the frontend.
+        self.traffic: Traffic | None = None
         # Online learning: (app, models, input payload, label) for containers with update().
         self.on_feedback: Callable[[Application, list[str], bytes, Any], None] | None = None
         self._app_metrics: dict[str, tuple[Any, Any]] = {}
@@ -306,6 +311,11 @@ class QueryProcessor:
             return
         if version is None:
             version = self.registry.current.get(model_name)
+            if self.traffic is not None and model_name in self.registry.rollouts:
+                version, q.shadow = self.traffic.route(model_name, uid, budget)
+                if version is not None and hasattr(reply, "version"):
+                    # The V2 protocols' answers name the version: the one the split chose.
+                    setattr(reply, "version", version)  # noqa: B010 (not every Reply has it)
             if version is None:
                 for i in range(q.n):
                     q.set_default(i, DefaultReason.NO_MODEL, NO_MODELS)
@@ -356,6 +366,9 @@ class QueryProcessor:
                 break  # rejected with 503
         if submitted:
             sched.pump()
+        if q.shadow is not None:  # the real inputs are queued: copies follow their answers
+            q.shadow.fire()
+            q.shadow = None
         if q.reply is not None and q.remaining:
             q.timer = self.clock.call_later(
                 max(q.deadline - q.app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
@@ -394,9 +407,10 @@ class QueryProcessor:
         """Look input ``i`` up in the cache, or queue it; True when a task was queued (the
         caller pumps the scheduler once for the whole request)."""
         assert q.sched is not None
-        return self.submit(
-            q.app, q.model, q.version, q.sched, q.payloads[i], q.deadline, q.waiter(i)
-        )
+        waiter = q.waiter(i)
+        if q.shadow is not None:
+            waiter = q.shadow.wrap(q.payloads[i], waiter)
+        return self.submit(q.app, q.model, q.version, q.sched, q.payloads[i], q.deadline, waiter)
 
     def submit(  # noqa: PLR0917 (the hot path: no keyword packing)
         self,

@@ -101,6 +101,10 @@ class LocalManager:
         self.rpc_keys = rpc_keys
         self._groups: dict[tuple[str, str], list[ReplicaProcess]] = {}
         self._generation = 0
+        # Stops under way. Out of their group already, these processes have no other owner:
+        # a caller cancelled meanwhile (the frontend stopping during a reconcile) must not
+        # cut a stop short, and stop_all waits for them.
+        self._stopping: set[asyncio.Task[None]] = set()
 
     def replicas(self, name: str, version: str) -> list[ReplicaProcess]:
         return list(self._groups.get((name, version), ()))
@@ -172,14 +176,20 @@ class LocalManager:
             group.append(proc)
         surplus = group[replicas:]
         del group[replicas:]
-        await asyncio.gather(*(self._stop(p) for p in surplus))
         if not group:
             self._groups.pop(mv.key, None)
+        stops = [asyncio.ensure_future(self._stop(p)) for p in surplus]
+        for stop in stops:
+            self._stopping.add(stop)
+            stop.add_done_callback(self._stopping.discard)
+        if stops:
+            await asyncio.shield(asyncio.gather(*stops))
 
     async def stop_all(self) -> None:
         groups = list(self._groups.values())
         self._groups.clear()
         await asyncio.gather(*(self._stop(p) for group in groups for p in group))
+        await asyncio.gather(*self._stopping, return_exceptions=True)
 
     async def _stop(self, proc: ReplicaProcess) -> None:
         proc.stopping = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 from clipper.batching.scheduler import ModelScheduler
@@ -21,6 +22,7 @@ from clipper.errors import RegistryError, ReplicaError
 from clipper.managers.base import ContainerManager
 from clipper.persistence import StoreSync
 from clipper.registry import Application, Intent, ModelVersion, Registry
+from clipper.rollout import Rollout
 from clipper.runtime.reconciler import Reconciler
 from clipper.store.base import DeletePrefix, StoreError
 
@@ -275,6 +277,38 @@ class Control:
 
         await self.sync.commit(delete)
         await self.reconciler.settled(name, version)
+
+    # -- canary splits and shadows ------------------------------------------------------------
+    async def set_rollout(
+        self,
+        name: str,
+        update: Callable[[Rollout | None], Rollout | None],
+        *,
+        ready_timeout_s: float = 60.0,
+    ) -> Rollout | None:
+        """Change ``name``'s rollout to ``update(the one it has)``; returns once every version
+        it names has its replicas connected (until then the current version answers the
+        shares of those that have none). Undone if they do not connect in time."""
+        before = self.registry.rollouts.get(name)
+        after = await self.sync.commit(lambda d: d.set_rollout(name, update(d.rollouts.get(name))))
+        try:
+            for version in sorted(after.versions if after is not None else ()):
+                mv = self.registry.models[name][version]
+                if mv.artifact is not None and mv.num_replicas:
+                    await self.wait_for_replicas(
+                        name, version, mv.num_replicas, ready_timeout_s=ready_timeout_s
+                    )
+        except BaseException:
+
+            def undo(d: Registry) -> None:
+                if d.rollouts.get(name) == after:
+                    with contextlib.suppress(RegistryError):
+                        d.set_rollout(name, before)
+
+            with contextlib.suppress(StoreError, asyncio.CancelledError):
+                await asyncio.shield(self.sync.commit(undo))
+            raise
+        return after
 
     # -- readiness -----------------------------------------------------------------------------
     def replicas_changed(self, sched: ModelScheduler) -> None:

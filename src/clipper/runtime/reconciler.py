@@ -3,10 +3,11 @@
 Desired state is a function of the registry alone: every registered model version has a
 scheduler (reconfigured when its settings change, closed when it is deleted), every scheduler's
 latency target follows the tightest SLO of the applications linked to its model, and a version
-runs ``num_replicas`` replicas when it is current, kept, or the target of a version change under
-way — otherwise none. Changes made on this frontend, changes from another frontend and the
-snapshot loaded at start-up all arrive as registry :class:`Change` events, and all take this
-path: nothing else starts or stops replicas.
+runs ``num_replicas`` replicas when it is current, kept, the target of a version change under
+way, or named by its model's rollout (a traffic split or a shadow) — otherwise none. Changes
+made on this frontend, changes from another frontend and the snapshot loaded at start-up all
+arrive as registry :class:`Change` events, and all take this path: nothing else starts or stops
+replicas.
 
 Each model version's replicas are converged by one owned worker task at a time (changes that
 arrive meanwhile are picked up by the same worker), so the manager never sees two overlapping
@@ -144,7 +145,7 @@ class Reconciler:
                 self.schedulers[key] = sched
                 self._known[key] = mv
             self._mark(key)
-        elif change.kind in ("version", "intent", "replicas"):
+        elif change.kind in ("version", "intent", "replicas", "rollout"):
             for version in self.registry.models.get(change.name, {}):
                 self._mark((change.name, version))
             if change.version is not None:

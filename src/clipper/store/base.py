@@ -1,9 +1,10 @@
 """The config store interface: JSON records in a few kinds, persisted and watched.
 
 The store is what survives a frontend restart: applications, model versions, each model's
-current version, each application's links and the version changes under way (intents), as the
-registry holds them. A change is written as one atomic :meth:`Store.commit` of several
-operations, and the frontend answers an admin call only after that commit returned.
+current version, each application's links, the version changes under way (intents) and each
+model's traffic split and shadow (rollouts), as the registry holds them. A change is written as
+one atomic :meth:`Store.commit` of several operations, and the frontend answers an admin call
+only after that commit returned.
 
 Values are plain JSON (dicts, lists, strings, numbers, booleans, null); the registry's own
 types are mapped to and from JSON by the caller, so a backend never sees a Python object it
@@ -45,11 +46,11 @@ __all__ = [
     "redact_url",
 ]
 
-Kind = Literal["app", "model", "current", "links", "intent", "state"]
+Kind = Literal["app", "model", "current", "links", "intent", "rollout", "state"]
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
 # What load() returns: the configuration. "state" (selection-policy state per application and
 # user) can hold millions of keys: it is read one key at a time with get().
-CONFIG_KINDS: Final[tuple[Kind, ...]] = ("app", "model", "current", "links", "intent")
+CONFIG_KINDS: Final[tuple[Kind, ...]] = ("app", "model", "current", "links", "intent", "rollout")
 
 # kind -> key -> value; all four kinds are always present, possibly empty.
 Snapshot = dict[str, dict[str, Any]]
