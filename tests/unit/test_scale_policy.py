@@ -237,3 +237,18 @@ def test_settings_are_checked() -> None:
     again = AutoscaleConfig.configure(cfg, {"min_replicas": 2}, owner="other")
     assert (again.min_replicas, again.max_replicas, again.owner) == (2, 6, "other")
     assert AutoscaleConfig.from_record(cfg.to_record()) == cfg
+
+
+def test_late_answers_just_after_a_change_are_the_backlog_not_a_reason() -> None:
+    # What was queued before a scale-up may still come back late: shed or late queries of the
+    # first half up window after a change do not count.
+    cfg = config(up_window_s=10.0)
+    policy = ScalePolicy(cfg, 0.0)
+    policy.observe(Sample(0.0, 0, 0, C, 3))
+    for t in range(1, 6):
+        assert policy.observe(Sample(float(t), 100 * t, 20 * t, C, 3)) is None
+    for t in range(6, 12):  # then nothing late: still nothing to do
+        assert policy.observe(Sample(float(t), 100 * t, 100, C, 3)) is None
+    d = policy.observe(Sample(12.0, 1200, 110, C, 3))  # 10 of the last 700 late: > 1%
+    assert d is not None and d.reason == "shedding" and d.replicas == 4
+    assert d.detail.startswith("10 of 700 queries in the last 7.0 s")

@@ -44,9 +44,11 @@ _DEFAULT_MAX_BATCH = 4096
 
 def replica_capacity(sched: ModelScheduler) -> float:
     """Inputs per second one replica takes in batches whose latency fits the SLO: per
-    replica, the largest batch its controller expects to finish within the latency target
-    (the SLO times ``target_fraction``), divided by that batch's typical latency; averaged
-    over the replicas that have measurements (0.0 while none has)."""
+    replica, the largest batch whose typical latency (its controller's central estimate) is
+    within the latency target the controllers aim at (the SLO times ``target_fraction``),
+    divided by that latency; averaged over the replicas that have measurements (0.0 while
+    none has). The central estimate, not the upper one the dispatcher uses: capacity is a
+    throughput, and the upper one swings with every noisy batch."""
     b = sched.mv.batching
     target = sched.slo_s * b.target_fraction
     if b.max_batch_size is not None:
@@ -61,7 +63,7 @@ def replica_capacity(sched: ModelScheduler) -> float:
         lo, hi = 1, max(hard, 1)  # latency grows with the batch: the largest that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if max(c.expected_latency(mid), c.typical_latency(mid)) <= target:
+            if c.typical_latency(mid) <= target:
                 lo = mid
             else:
                 hi = mid - 1
@@ -256,6 +258,7 @@ class Autoscaler:
             with contextlib.suppress(KeyError):
                 m.last.remove(*labels, previous.decision.reason)
         m.last.labels(*labels, decision.reason).set(1)
+        m.desired.labels(*labels).set(decision.replicas)
         m.decisions.labels(*labels, decision.reason).inc()
         self._last[mv.key] = _Last(now, decision)
         task = asyncio.get_running_loop().create_task(
