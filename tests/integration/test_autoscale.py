@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SLO_S = 0.5
 LOW_QPS, HIGH_QPS = 20.0, 75.0  # 75/s needs 3 replicas at 0.7 whether capacity is 38 or 48
-WINDOWS: dict[str, Any] = {"interval_s": 0.5, "up_window_s": 3.0, "down_window_s": 4.0}
+INTERVAL_S, UP_S, DOWN_S = 0.5, 3.0, 4.0  # short windows, for the test
 
 
 def histogram(c: Clipper, app: str) -> Buckets:
@@ -112,8 +112,9 @@ async def test_replicas_follow_the_load_up_and_back_and_p99_meets_the_slo(
         await c.deploy_model("paced", "1", models.paced_sums, input_type="doubles")
         await c.link_model_to_app("paced", "paced")
         await c.set_autoscale(
-            "paced", min_replicas=1, max_replicas=4, target_utilization=0.7, **WINDOWS
-        )
+            "paced", min_replicas=1, max_replicas=4, target_utilization=0.7,
+            interval_s=INTERVAL_S, up_window_s=UP_S, down_window_s=DOWN_S,
+        )  # fmt: skip
         counts = [1]
 
         def count() -> int:
@@ -157,7 +158,7 @@ async def test_replicas_follow_the_load_up_and_back_and_p99_meets_the_slo(
                 if len(counts) != seen or connected() != count() or status().get("scaling"):
                     settled_at, seen = now, len(counts)
                 # a count one above what the load needs comes down after a down window
-                return now - settled_at >= WINDOWS["down_window_s"] + 2 * WINDOWS["interval_s"]
+                return now - settled_at >= DOWN_S + 2 * INTERVAL_S
 
             await wait_for(settled, limit_s=30, what="the count to settle under high load")
             peak = count()
