@@ -139,6 +139,9 @@ def test_a_gradual_ramp_steps_up_and_never_back_while_the_load_stays() -> None:
     counts = run.changes()
     assert counts == sorted(counts) and counts[-1] == 5  # only up, to ceil(3 / 0.7)
     assert all(d.reason == "utilization" for _, d in run.decisions)
+    # it kept up with the ramp: the last step within an up window of the ramp's end (the
+    # samples from before each change count: no fresh window to wait for after every step)
+    assert run.decisions[-1][0] <= 300 + 10 + 1
 
 
 def test_max_replicas_bounds_scale_up_and_says_so() -> None:

@@ -283,6 +283,9 @@ class Autoscaler:
             last = self._last.get(key)
             if last is not None:
                 last.error = str(e)
+            cfg = mv.autoscale
+            if cfg is not None and key in self._due:  # not again before an up window
+                self._due[key] = self.clock.now() + cfg.up_window_s
         finally:
             self._actions.pop(key, None)
             policy = self._policies.get(key)

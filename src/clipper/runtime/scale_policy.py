@@ -8,7 +8,8 @@ acts on the :class:`Decision` it returns. The rule (docs/autoscaling.md):
 * utilisation = arrival rate / (replicas x one replica's capacity), both averaged at each
   interval over the last half up window;
 * **up**, to the count that brings utilisation back under the target, once it stayed above the
-  target at every interval of a whole up window since the last change; at once when more
+  target at every interval of a whole up window (demand in replicas' worth of load: samples
+  from before the last change count, so a load that keeps growing keeps scaling); at once when more
   than ``shed_threshold`` of the up window's queries were shed or late (not counting the
   first half up window after a change: what was queued before it may still come late);
 * **down**, one replica, once at every interval of a whole down window since the last change
@@ -80,9 +81,9 @@ class ScalePolicy:
         self.note = "collecting samples"  # why nothing changes, for status
 
     def restart(self, at: float) -> None:
-        """After a change of the replica count: both windows start again from ``at``."""
-        self._intervals.clear()
-        self._last = None
+        """After a change of the replica count (carried out at ``at``): the down window and
+        the shed count start again. The samples stay: demand is in replicas' worth of load,
+        whatever the count, so a load still growing after a scale-up scales again at once."""
         self._since = at
 
     def observe(self, s: Sample) -> Decision | None:
@@ -113,7 +114,9 @@ class ScalePolicy:
         if util > cfg.target_utilization:
             # stayed above: at every interval of a whole up window
             low = min(i.demand for i in up) / n
-            if s.at - self._since < cfg.up_window_s or low <= cfg.target_utilization:
+            first = self._intervals[0]
+            whole = first.end - first.seconds <= s.at - cfg.up_window_s + 1e-9
+            if not whole or low <= cfg.target_utilization:
                 self.note = (
                     f"utilization {util:.2f} above target, not yet for a whole up window "
                     f"({cfg.up_window_s:g} s)"
