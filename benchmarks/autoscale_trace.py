@@ -100,14 +100,29 @@ class Pool:
         self.open = 0
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes] | None:
-        """The answer, or None when every connection is busy (the client drops it)."""
-        if self.idle:
+        """The answer, or None when every connection is busy (the client drops it). A
+        keep-alive connection the server closed while idle (after its keep-alive timeout) is
+        replaced and the request sent again, as HTTP clients do."""
+        while self.idle:
             reader, writer = self.idle.pop()
-        elif self.open < MAX_CONNECTIONS:
-            self.open += 1
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        else:
+            try:
+                return await self._exchange(reader, writer, path, body)
+            except (OSError, asyncio.IncompleteReadError):
+                self.open -= 1
+                writer.close()
+        if self.open >= MAX_CONNECTIONS:
             return None
+        self.open += 1
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return await self._exchange(reader, writer, path, body)
+
+    async def _exchange(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        path: str,
+        body: bytes,
+    ) -> tuple[int, bytes]:
         head = (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"

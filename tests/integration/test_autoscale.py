@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from clipper.server import Clipper
 from tests.inprocess import InProcessFrontend, in_process_frontend
 from tests.integration import models
 from tests.integration.helpers import wait_for
+from tests.integration.redis_server import REDIS_SERVER, start_redis, stop_redis
 from tests.integration.test_client_cli import clipper_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -237,3 +239,48 @@ async def test_client_and_cli_set_autoscaling_and_status_shows_it(tmp_path: Path
         assert table[1].split()[:6] == ["summer", "1", "False", "2", "2..3", "0.6"]
         stored = c.registry.models["summer"]["1"].autoscale
         assert stored is not None and stored.down_window_s == 300.0
+
+
+@pytest.mark.skipif(
+    REDIS_SERVER is None and not os.environ.get("CLIPPER_REQUIRE_REDIS"),
+    reason="redis-server is not installed; set CLIPPER_REQUIRE_REDIS=1 to fail instead",
+)
+async def test_settings_reach_another_frontend_through_redis_and_one_drives(
+    tmp_path: Path,
+) -> None:
+    assert REDIS_SERVER is not None, "CLIPPER_REQUIRE_REDIS is set: install redis-server"
+    proc, port = start_redis()
+    try:
+        store = f"redis://127.0.0.1:{port}/0?prefix=autoscale-{os.getpid()}"
+        ports: dict[str, Any] = {"query_port": 0, "rpc_port": 0, "admin_port": 0, "store": store}
+        async with (
+            Clipper(state_dir=tmp_path / "a", node_id="frontend-a", **ports) as a,
+            Clipper(state_dir=tmp_path / "b", node_id="frontend-b", **ports) as b,
+        ):
+            idle = ModelVersion("m", "1", InputType.DOUBLES, artifact="/models/m", num_replicas=0)
+            await a.control.register_model(idle, set_current=False)
+            await a.set_autoscale("m", "1", min_replicas=2, max_replicas=3, up_window_s=30)
+
+            def arrived() -> bool:
+                mv = b.registry.models.get("m", {}).get("1")
+                return mv is not None and mv.autoscale is not None
+
+            await wait_for(arrived, limit_s=10, what="the settings on the other frontend")
+            mine, theirs = a.registry.models["m"]["1"], b.registry.models["m"]["1"]
+            assert theirs == mine and theirs.num_replicas == 2
+            assert theirs.autoscale is not None and theirs.autoscale.owner == "frontend-a"
+            view_a, view_b = a.autoscaler.view(mine), b.autoscaler.view(theirs)
+            assert view_a is not None and view_a["driven_here"] is True
+            assert view_b is not None and view_b["driven_here"] is False
+            # set through b: b drives it from now on
+            await b.set_autoscale("m", "1", max_replicas=5)
+
+            def moved() -> bool:
+                cfg = a.registry.models["m"]["1"].autoscale
+                return cfg is not None and cfg.max_replicas == 5
+
+            await wait_for(moved, limit_s=10, what="the change back on the first frontend")
+            cfg = a.registry.models["m"]["1"].autoscale
+            assert cfg is not None and (cfg.owner, cfg.up_window_s) == ("frontend-b", 30.0)
+    finally:
+        stop_redis(proc)

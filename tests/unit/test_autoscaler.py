@@ -148,6 +148,17 @@ def test_capacity_is_the_largest_batch_that_fits_the_slo_target_over_its_latency
     sched.mv = replace(mv, batching=BatchingConfig(controller="fixed", max_batch_size=4))
     sched.replicas = [StubReplica(fixed)]
     assert replica_capacity(as_sched) == pytest.approx(80.0)
+    # a flat line fitted on batches of 1 and 2 (one stall made its slope negative, flattened
+    # to the mean) is trusted up to 4x the batch the controller allows now, not to 4096
+    flat = AIMDController(0.1)
+    for _ in range(20):
+        flat.observe(1, 0.02)
+        flat.observe(2, 0.02)
+    flat.observe(1, 0.5)
+    sched.mv, sched.replicas = mv, [StubReplica(flat)]
+    bound = 4 * flat.max_batch_size()
+    assert replica_capacity(as_sched) == pytest.approx(bound / flat.typical_latency(bound))
+    assert replica_capacity(as_sched) < 500
     # slower than the target even one at a time: one input per batch is what it can do
     slow = linear_controller(0.3)
     sched.mv, sched.replicas = mv, [StubReplica(slow)]

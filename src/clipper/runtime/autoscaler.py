@@ -40,6 +40,7 @@ Key = tuple[str, str]
 _IDLE_WAKE_S = 60.0  # with nothing to drive, a registry change wakes it anyway
 _READY_TIMEOUT_S = 60.0
 _DEFAULT_MAX_BATCH = 4096
+EXTRAPOLATION = 4
 
 
 def replica_capacity(sched: ModelScheduler) -> float:
@@ -48,7 +49,13 @@ def replica_capacity(sched: ModelScheduler) -> float:
     within the latency target the controllers aim at (the SLO times ``target_fraction``),
     divided by that latency; averaged over the replicas that have measurements (0.0 while
     none has). The central estimate, not the upper one the dispatcher uses: capacity is a
-    throughput, and the upper one swings with every noisy batch."""
+    throughput, and the upper one swings with every noisy batch.
+
+    The latency line is trusted up to :data:`EXTRAPOLATION` times the batch size the
+    controller allows now: fitted on small batches, a slope flattened by one slow outlier
+    would otherwise promise thousands of inputs per batch. Under light load that errs low (a
+    model that batches well is credited with less than it could do); as the load grows the
+    controller's cap grows with it, and so does the estimate."""
     b = sched.mv.batching
     target = sched.slo_s * b.target_fraction
     if b.max_batch_size is not None:
@@ -60,7 +67,8 @@ def replica_capacity(sched: ModelScheduler) -> float:
         c = r.controller
         if c is None or r.draining or c.typical_latency(1) <= 0.0:
             continue
-        lo, hi = 1, max(hard, 1)  # latency grows with the batch: the largest that fits
+        # latency grows with the batch: the largest that fits
+        lo, hi = 1, max(min(hard, EXTRAPOLATION * c.max_batch_size()), 1)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if c.typical_latency(mid) <= target:

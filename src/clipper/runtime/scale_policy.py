@@ -8,10 +8,10 @@ acts on the :class:`Decision` it returns. The rule (docs/autoscaling.md):
 * utilisation = arrival rate / (replicas x one replica's capacity), both averaged at each
   interval over the last half up window;
 * **up**, to the count that brings utilisation back under the target, once it stayed above the
-  target at every interval of a whole up window (demand in replicas' worth of load: samples
-  from before the last change count, so a load that keeps growing keeps scaling); at once when more
-  than ``shed_threshold`` of the up window's queries were shed or late (not counting the
-  first half up window after a change: what was queued before it may still come late);
+  target at every interval of a whole up window (demand is in replicas' worth of load, so the
+  samples from before the last change count: a load that keeps growing keeps scaling); at once
+  when more than ``shed_threshold`` of the up window's queries were shed or late (not counting
+  the first half up window after a change: what was queued before it may still come late);
 * **down**, one replica, once at every interval of a whole down window since the last change
   one replica fewer would still have run under the target, with a tenth of it to spare
   (:data:`DOWN_HEADROOM`), and no more than ``shed_threshold`` shed or late;
