@@ -9,11 +9,14 @@ does not need to import ``models``.
   (queueing, batching, RPC, HTTP) with an MNIST-sized 784-double input.
 * :class:`SklearnModel` wraps a fitted scikit-learn classifier; :func:`train_logreg` fits
   ``LogisticRegression(max_iter=1000)`` on ``sklearn.datasets.load_digits`` (64 features).
+* :class:`PacedModel` sleeps a fixed time per batch plus per input: a replica whose capacity is
+  known, for the autoscaling trace.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -47,6 +50,19 @@ class SklearnModel:
 
     def predict(self, batch: Any) -> list[int]:
         return [int(y) for y in self.estimator.predict(_as_matrix(batch))]
+
+
+class PacedModel:
+    """Sleeps ``per_batch_s + per_input_s * len(batch)`` and returns ``0`` per input: about
+    ``1 / per_input_s`` inputs/s per replica however it batches (no CPU spent)."""
+
+    def __init__(self, per_batch_s: float, per_input_s: float) -> None:
+        self.per_batch_s = per_batch_s
+        self.per_input_s = per_input_s
+
+    def predict(self, batch: Any) -> list[int]:
+        time.sleep(self.per_batch_s + self.per_input_s * len(batch))
+        return [0] * len(batch)
 
 
 def train_logreg() -> SklearnModel:

@@ -213,9 +213,12 @@ class _LogPrinter:
 
 # -- status ------------------------------------------------------------------------------------
 def _status(client: Client, args: argparse.Namespace) -> int:
-    from clipper.commands import _table
+    from clipper.commands import _autoscale_rows, _table
 
     status = client.admin("get_status", {})
+    scaled = _autoscale_rows(client.list_models())
+    if scaled:
+        status["autoscaling"] = scaled
     if args.json:
         print(orjson.dumps(status).decode())
         return EXIT_OK
@@ -244,6 +247,9 @@ def _status(client: Client, args: argparse.Namespace) -> int:
     for title, rows, cols in sections:
         print(title)
         print(_table(rows, cols) if rows else "  (none)")
+    if scaled:
+        print("autoscaling:")
+        print(_table(scaled, list(scaled[0])))
     return EXIT_OK
 
 

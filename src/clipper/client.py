@@ -244,6 +244,19 @@ class Client:
         view: dict[str, Any] = self.admin("get_traffic", {"model_name": name})
         return view
 
+    def set_autoscale(
+        self, name: str, version: str | None = None, **settings: Any
+    ) -> dict[str, Any]:
+        """Scale ``name`` (its current version, or ``version``) to its SLO: ``min_replicas``,
+        ``max_replicas``, ``target_utilization``, ``up_window_s``, ``down_window_s``,
+        ``interval_s``, ``shed_threshold``, ``enabled`` (docs/autoscaling.md); settings not
+        given keep their values. Returns the version's autoscaling view."""
+        doc: dict[str, Any] = {"model_name": name, **settings}
+        if version is not None:
+            doc["model_version"] = version
+        view: dict[str, Any] = self.admin("set_autoscale", doc)["autoscale"]
+        return view
+
     def list_models(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.admin("get_all_models", {"verbose": True})
         return result

@@ -135,6 +135,25 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     m.add_argument("replicas", type=int)
     m.add_argument("--version")
     m = model.add_parser(
+        "autoscale",
+        parents=[common],
+        help="scale a version's replicas to its latency SLO (docs/autoscaling.md)",
+    )
+    m.add_argument("name")
+    m.add_argument("--version", help="default: the current one")
+    m.add_argument("--min", type=int, dest="min_replicas", help="fewest replicas (default 1)")
+    m.add_argument("--max", type=int, dest="max_replicas", help="most replicas (default 4)")
+    m.add_argument(
+        "--target", type=float, dest="target_utilization", help="utilisation to run at (0.7)"
+    )
+    m.add_argument("--up-window", type=float, dest="up_window_s", help="seconds (15)")
+    m.add_argument("--down-window", type=float, dest="down_window_s", help="seconds (180)")
+    m.add_argument("--interval", type=float, dest="interval_s", help="seconds per sample (1)")
+    m.add_argument(
+        "--shed-threshold", type=float, dest="shed_threshold", help="share shed or late (0.01)"
+    )
+    m.add_argument("--off", action="store_true", help="stop autoscaling (the settings stay)")
+    m = model.add_parser(
         "set-version",
         parents=[common],
         help="switch traffic to a version (rollback = an older one)",
@@ -276,6 +295,17 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
             args,
         )
         out = f"{args.name} runs {args.replicas} replicas"
+    elif cmd == "model" and action == "autoscale":
+        settings = {k: getattr(args, k) for k in _AUTOSCALE if getattr(args, k) is not None}
+        view = client.set_autoscale(args.name, args.version, enabled=not args.off, **settings)
+        if args.json:
+            print(orjson.dumps(view).decode())
+            return EXIT_OK
+        out = (
+            f"{args.name}: autoscaling {'on' if view['enabled'] else 'off'}, "
+            f"{view['min_replicas']} to {view['max_replicas']} replicas at "
+            f"{view['target_utilization']:.0%} utilisation; {view['num_replicas']} now"
+        )
     elif cmd == "model" and action == "set-version":
         _progress(
             f"switching {args.name} to version {args.version}",
@@ -312,6 +342,43 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(orjson.dumps({"ok": True, "message": out}).decode() if args.json else out)
     return EXIT_OK
+
+
+_AUTOSCALE = (
+    "min_replicas",
+    "max_replicas",
+    "target_utilization",
+    "up_window_s",
+    "down_window_s",
+    "interval_s",
+    "shed_threshold",
+)
+
+
+def _autoscale_rows(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per autoscaled version: its bounds, and what the frontend driving it sees."""
+    rows = []
+    for m in models:
+        a = m.get("autoscale")
+        if not a:
+            continue
+        st = a.get("status") or {}
+        last = st.get("last_decision") or {}
+        util = st.get("utilization")
+        rows.append(
+            {
+                "model_name": m["model_name"],
+                "model_version": m["model_version"],
+                "on": a["enabled"],
+                "replicas": a["num_replicas"],
+                "bounds": f"{a['min_replicas']}..{a['max_replicas']}",
+                "target": a["target_utilization"],
+                "utilization": None if util is None else round(util, 2),
+                "last_decision": last.get("reason"),
+                "note": st.get("note") if a["driven_here"] else "driven by another frontend",
+            }
+        )
+    return rows
 
 
 def _deploy(client: Client, args: argparse.Namespace) -> str:

@@ -23,6 +23,7 @@ from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
 from clipper.pipeline.spec import Pipeline, check_against, parse_pipeline
 from clipper.rollout import Rollout
+from clipper.scaling import AutoscaleConfig
 
 __all__ = [
     "GONE",
@@ -195,6 +196,8 @@ class ModelVersion:
     # Runs even when it is not the model's current version (deployed with set_current=False,
     # or kept after a switch with retire_previous=False): for queries that pin it.
     keep: bool = False
+    # Replicas driven by the autoscaler between bounds (None: num_replicas as set).
+    autoscale: AutoscaleConfig | None = None
 
     def __post_init__(self) -> None:
         check_name("model", self.name)
@@ -207,7 +210,7 @@ class ModelVersion:
         return (self.name, self.version)
 
     def to_record(self) -> dict[str, Any]:
-        return {
+        record = {
             "name": self.name,
             "version": self.version,
             "input_type": self.input_type.readable,
@@ -218,6 +221,9 @@ class ModelVersion:
             "num_replicas": self.num_replicas,
             "keep": self.keep,
         }
+        if self.autoscale is not None:  # absent, not null: older records stay equal
+            record["autoscale"] = self.autoscale.to_record()
+        return record
 
     @classmethod
     def from_record(cls, r: dict[str, Any]) -> ModelVersion:
@@ -231,6 +237,11 @@ class ModelVersion:
             batching=BatchingConfig(**r.get("batching", {})),
             num_replicas=int(r.get("num_replicas", 1)),
             keep=bool(r.get("keep", False)),
+            autoscale=(
+                AutoscaleConfig.from_record(r["autoscale"])
+                if r.get("autoscale") is not None
+                else None
+            ),
         )
 
 

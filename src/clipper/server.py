@@ -48,12 +48,14 @@ from clipper.registry import Application, ModelVersion, Registry
 from clipper.rollout import Rollout, with_shadow, with_split
 from clipper.rpc.artifacts import ArtifactServer
 from clipper.rpc.server import RpcServer
+from clipper.runtime.autoscaler import Autoscaler
 from clipper.runtime.catalog import Catalog, QueryServices
 from clipper.runtime.control import Control
 from clipper.runtime.ports import binding
 from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
 from clipper.runtime.state_lock import StateLock
+from clipper.scaling import AutoscaleConfig
 from clipper.store.base import Store, open_store
 
 if TYPE_CHECKING:
@@ -186,6 +188,13 @@ class Clipper:
             self.manager,
             node_id=config.node_id or "",
         )
+        self.autoscaler = Autoscaler(
+            self.registry,
+            self.control,
+            self.schedulers,
+            clock=self.clock,
+            metrics_registry=self.metrics.registry,
+        )
         self.catalog = Catalog(self.registry, self.schedulers)
         self.services = QueryServices(
             catalog=self.catalog,
@@ -210,6 +219,7 @@ class Clipper:
             max_upload_files=config.max_upload_files,
             window=self.metrics_window,
             traffic=self.traffic,
+            autoscaler=self.autoscaler,
         )
         self.dashboard: Dashboard | None = None
         if config.dashboard_sample_s > 0:
@@ -277,6 +287,8 @@ class Clipper:
             stack.push_async_callback(self.manager.stop_all)
             stack.push_async_callback(self.reconciler.stop)
             self.reconciler.resume()
+            self.autoscaler.start()
+            stack.push_async_callback(self.autoscaler.stop)
             self.loop_lag.start()
             stack.callback(self.loop_lag.stop)
             self.metrics_window.start()
@@ -545,6 +557,16 @@ class Clipper:
         await self.control.scale(
             name, num_replicas, version, wait=wait, ready_timeout_s=ready_timeout_s
         )
+
+    async def set_autoscale(
+        self, name: str, version: str | None = None, **settings: Any
+    ) -> ModelVersion:
+        """Scale a version's replicas to its SLO between ``min_replicas`` and ``max_replicas``
+        (settings not given keep their values; ``enabled=False`` stops it); this frontend
+        drives it. See docs/autoscaling.md."""
+        mv = self.registry.get_model(name, version)
+        config = AutoscaleConfig.configure(mv.autoscale, settings, owner=self.control.node_id)
+        return await self.control.set_autoscale(name, mv.version, config)
 
     async def wait_for_replicas(
         self, name: str, version: str, n: int, *, ready_timeout_s: float = 60.0

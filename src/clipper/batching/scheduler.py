@@ -111,6 +111,11 @@ class ModelScheduler:
         self.on_replicas_changed: Callable[[ModelScheduler], None] | None = None
         # Called after each answered batch while a retiring version drains.
         self.on_drained: Callable[[], None] | None = None
+        # What the autoscaler samples (running totals): inputs offered to the queue, shed at
+        # admission, and expired or answered after their deadline.
+        self.offered = 0
+        self.shed = 0
+        self.late = 0
 
     # replicas
     def _new_controller(self) -> BatchController:
@@ -179,6 +184,7 @@ class ModelScheduler:
         """Queue one input; the caller pumps once after queueing a request's inputs.
         Raises :class:`OverloadedError` when the query could not meet its deadline."""
         q = self.queue
+        self.offered += 1
         if self._capacity_rps > 0.0:
             # The batches queued ahead and its own, plus, when every replica is busy, what is
             # left of the batches running now. An empty queue with a free replica always
@@ -194,11 +200,13 @@ class ModelScheduler:
             if late and not q and self._free_replica() is not None:
                 late = False
             if late:
+                self.shed += 1
                 raise OverloadedError(
                     f"model {self.mv.name}:{self.mv.version} has {len(q)} queries queued, "
                     f"about {wait * 1e3:.1f} ms of work, more than the query's latency SLO allows"
                 )
         if not q.push(task):
+            self.shed += 1
             raise OverloadedError(
                 f"model {self.mv.name}:{self.mv.version} queue is full ({q.capacity} queries)"
             )
@@ -278,7 +286,9 @@ class ModelScheduler:
             return
         now = self.clock.now()
         if q.earliest_deadline() <= now:
-            for task in q.drop_expired(now):
+            expired = q.drop_expired(now)
+            self.late += len(expired)
+            for task in expired:
                 self._deliver(
                     task,
                     None,
@@ -349,7 +359,10 @@ class ModelScheduler:
         tasks, sent_at = entry
         if replica.drained is not None and not replica.in_flight:
             replica.drained.set()
-        latency = self.clock.now() - sent_at
+        now = self.clock.now()
+        latency = now - sent_at
+        if tasks[0].deadline < now:  # a batch leaves the queue earliest deadline first
+            self.late += sum(1 for t in tasks if t.deadline < now)
         c = replica.controller
         assert c is not None
         c.observe(len(tasks), latency)

@@ -70,12 +70,14 @@ from clipper.metrics import Metrics, histogram_quantile, histogram_values
 from clipper.metrics_window import MetricsWindow
 from clipper.registry import Application, ModelVersion, Registry, check_name
 from clipper.runtime.control import LiveVersionError
+from clipper.scaling import AutoscaleConfig
 from clipper.store.base import StoreError
 
 if TYPE_CHECKING:
     from clipper.batching.scheduler import ModelScheduler, Replica
     from clipper.clock import Clock
     from clipper.frontend.traffic import Traffic
+    from clipper.runtime.autoscaler import Autoscaler
     from clipper.runtime.control import Control
 
 __all__ = ["AdminApi"]
@@ -114,7 +116,9 @@ class AdminApi:
         max_upload_files: int = DEFAULT_MAX_UPLOAD_FILES,
         window: MetricsWindow | None = None,
         traffic: Traffic | None = None,
+        autoscaler: Autoscaler | None = None,
     ) -> None:
+        self.autoscaler = autoscaler
         self.max_upload_unpacked_bytes = max_upload_unpacked_bytes
         self.max_upload_files = max_upload_files
         self.registry = registry
@@ -149,6 +153,7 @@ class AdminApi:
             "delete_versioned_model": self._delete_versioned_model,
             "deploy_model": self._deploy_model,
             "set_num_replicas": self._set_num_replicas,
+            "set_autoscale": self._set_autoscale,
             "set_model_version": self._set_model_version,
         }
         # Operators' reads: the whole state, artifacts, replica logs, status (admin_state.py).
@@ -435,7 +440,7 @@ class AdminApi:
         )
 
     def _model_doc(self, mv: ModelVersion) -> dict[str, Any]:
-        return {
+        doc = {
             "model_name": mv.name,
             "model_version": mv.version,
             "input_type": mv.input_type.readable,
@@ -444,6 +449,9 @@ class AdminApi:
             "model_data_path": mv.artifact or "DEPRECATED",
             "is_current_version": self.registry.current.get(mv.name) == mv.version,
         }
+        if mv.autoscale is not None and self.autoscaler is not None:  # docs/autoscaling.md
+            doc["autoscale"] = self.autoscaler.view(mv)
+        return doc
 
     def _versions(self) -> list[ModelVersion]:
         return [mv for vs in self.registry.models.values() for mv in vs.values()]
@@ -669,6 +677,15 @@ class AdminApi:
             f"Successfully set the number of replicas of model with name '{name}' and version "
             f"'{mv.version}' to {n}"
         )
+
+    async def _set_autoscale(self, doc: dict[str, Any]) -> Reply:
+        name = str_field(doc, "model_name")
+        version = opt_str_field(doc, "model_version")
+        mv = self.registry.get_model(name, version)
+        changes = {k: v for k, v in doc.items() if k not in ("model_name", "model_version")}
+        config = AutoscaleConfig.configure(mv.autoscale, changes, owner=self.control.node_id)
+        mv = await self.control.set_autoscale(name, mv.version, config)
+        return json_reply(self._model_doc(mv))
 
     # -- containers and replicas ---------------------------------------------------------------
     def _replicas(self, name: str | None = None, version: str | None = None) -> list[Replica]:

@@ -125,6 +125,12 @@ SCHEMAS: dict[str, str] = {
         f'"on_model_error" := {ON_MODEL_ERROR.schema()} (optional)' + _SELECTION
     ),
     "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
+    "set_autoscale": (
+        '{"model_name" := string, "model_version" := string (optional: the current one), '
+        '"enabled" := bool, "min_replicas" := int, "max_replicas" := int, '
+        '"target_utilization" := number, "up_window_s" := number, "down_window_s" := number, '
+        '"interval_s" := number, "shed_threshold" := number} (all settings optional)'
+    ),
     "get_logs": '{"max_bytes" := int (optional)}',
     "set_traffic_split": (
         '{"model_name" := string, "split" := {version: number > 0} | null (null or {}: no '

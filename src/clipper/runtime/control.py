@@ -24,6 +24,7 @@ from clipper.persistence import StoreSync
 from clipper.registry import Application, Intent, ModelVersion, Registry
 from clipper.rollout import Rollout
 from clipper.runtime.reconciler import Reconciler
+from clipper.scaling import AutoscaleConfig
 from clipper.store.base import DeletePrefix, StoreError
 
 __all__ = ["Control", "LiveVersionError"]
@@ -255,6 +256,30 @@ class Control:
         await self.reconciler.settled(name, key)
         if wait and num_replicas and self.reconciler.desired_replicas(mv):
             await self.wait_for_replicas(name, key, num_replicas, ready_timeout_s=ready_timeout_s)
+        return mv
+
+    async def set_autoscale(
+        self, name: str, version: str | None, config: AutoscaleConfig
+    ) -> ModelVersion:
+        """Set a version's autoscaling; its replica count moves into the new bounds in the
+        same commit (the autoscaler drives it from there)."""
+        key = self.registry.get_model(name, version).version
+
+        def configure(d: Registry) -> ModelVersion:
+            mv = d.get_model(name, key)
+            if mv.artifact is None and config.enabled:
+                raise RegistryError(
+                    f"model {name}:{key} has no artifact for clipper-serve to run (its "
+                    "containers are started elsewhere): only replicas it starts can be "
+                    "autoscaled"
+                )
+            n = config.clamp(mv.num_replicas) if config.enabled else mv.num_replicas
+            mv = replace(mv, autoscale=config, num_replicas=n)
+            d.replace_model(mv)
+            return mv
+
+        mv = await self.sync.commit(configure)
+        await self.reconciler.settled(name, key)
         return mv
 
     async def delete_version(self, name: str, version: str, *, force: bool = True) -> None:

@@ -1,0 +1,219 @@
+"""The autoscaling rule for one model version: samples in, a replica count (and why) out.
+
+Pure: no clock, no I/O, no tasks. :class:`~clipper.runtime.autoscaler.Autoscaler` feeds it one
+:class:`Sample` per interval — running totals of the inputs offered to the version's queue and
+of those shed or late, the capacity of one replica that fits the SLO, the replica count — and
+acts on the :class:`Decision` it returns. The rule (docs/autoscaling.md):
+
+* utilisation = arrival rate / (replicas x one replica's capacity), both averaged at each
+  interval over the last half up window;
+* **up**, to the count that brings utilisation back under the target, once it stayed above the
+  target at every interval of a whole up window (demand is in replicas' worth of load, so the
+  samples from before the last change count: a load that keeps growing keeps scaling); at once
+  when more than ``shed_threshold`` of the up window's queries were shed or late (not counting
+  the first half up window after a change: what was queued before it may still come late);
+* **down**, one replica, once at every interval of a whole down window since the last change
+  one replica fewer would still have run under the target, with a tenth of it to spare
+  (:data:`DOWN_HEADROOM`), and no more than ``shed_threshold`` shed or late;
+* always within ``[min_replicas, max_replicas]``.
+
+Up only above the target at ``n``, down only below it at ``n - 1``: a count reached by scaling
+up is never taken back while the load stays, so the count does not oscillate. The headroom
+keeps it so when the load sits right at the boundary and the measured capacity wavers by a
+few percent from one window to the next.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, replace
+
+from clipper.scaling import AutoscaleConfig
+
+__all__ = ["Decision", "Sample", "ScalePolicy"]
+
+# Shed or late queries needed before their share counts: one unlucky query out of fifty is
+# noise, not overload.
+MIN_BAD_QUERIES = 3
+# Down only when one replica fewer would run at most this far under the target.
+DOWN_HEADROOM = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at: float  # clock time
+    offered: int  # inputs offered to the version's queue so far (a running total)
+    bad: int  # of those, shed at admission or expired/answered past their deadline (total)
+    capacity_rps: float  # inputs/s one replica takes within the SLO (0.0: not measured yet)
+    replicas: int  # the version's num_replicas now
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    replicas: int
+    reason: str  # "utilization", "shedding", "quiet", "min_replicas" or "max_replicas"
+    detail: str  # for people: the figures behind it
+
+
+@dataclass(frozen=True, slots=True)
+class _Interval:
+    end: float
+    seconds: float
+    offered: int
+    bad: int
+    capacity: float  # one replica's, as sampled at its end (0.0: not known)
+    # Over the half up window ending here: arrivals/s, and that over the mean capacity (how
+    # many replicas running flat out the load needs; 0.0 while the capacity is not known).
+    rate: float = 0.0
+    demand: float = 0.0
+
+
+class ScalePolicy:
+    def __init__(self, config: AutoscaleConfig, start: float) -> None:
+        self.config = config
+        self._intervals: deque[_Interval] = deque()
+        self._last: tuple[float, int, int] | None = None
+        self._since = start
+        self.capacity_rps = 0.0  # smoothed as the rate is; kept while no replica has data
+        self.rate = 0.0  # arrivals/s over the last half up window
+        self.utilization: float | None = None  # at the current count; None: not known
+        self.note = "collecting samples"  # why nothing changes, for status
+
+    def restart(self, at: float) -> None:
+        """After a change of the replica count (carried out at ``at``): the down window and
+        the shed count start again. The samples stay: demand is in replicas' worth of load,
+        whatever the count, so a load still growing after a scale-up scales again at once."""
+        self._since = at
+
+    def observe(self, s: Sample) -> Decision | None:
+        cfg = self.config
+        n = s.replicas
+        if n < cfg.min_replicas or n > cfg.max_replicas:
+            bound = "min_replicas" if n < cfg.min_replicas else "max_replicas"
+            target = cfg.clamp(n)
+            return Decision(target, bound, f"{n} replicas is outside [{cfg.min_replicas}, "
+                            f"{cfg.max_replicas}]: set to {target}")  # fmt: skip
+        if not self._add(s):
+            return None
+        newest = self._intervals[-1]
+        self.utilization = newest.demand / n if newest.demand > 0.0 else None
+        up = self._window(s.at, cfg.up_window_s)
+        # Shed or late counts from half an up window after the last change: until then, what
+        # was queued before it (and replicas just started) may still come late.
+        settled = self._since + max(cfg.up_window_s / 2, cfg.interval_s) - 1e-9
+        fresh = [i for i in up if i.end - i.seconds >= settled]
+        offered = sum(i.offered for i in fresh)
+        bad = sum(i.bad for i in fresh)
+        if bad >= MIN_BAD_QUERIES and bad > cfg.shed_threshold * offered:
+            return self._shedding(n, fresh, offered, bad)
+        if self.capacity_rps <= 0.0:
+            self.note = "waiting for a replica's batch latencies (capacity not measured yet)"
+            return None
+        util = newest.demand / n
+        if util > cfg.target_utilization:
+            # stayed above: at every interval of a whole up window
+            low = min(i.demand for i in up) / n
+            first = self._intervals[0]
+            whole = first.end - first.seconds <= s.at - cfg.up_window_s + 1e-9
+            if not whole or low <= cfg.target_utilization:
+                self.note = (
+                    f"utilization {util:.2f} above target, not yet for a whole up window "
+                    f"({cfg.up_window_s:g} s)"
+                )
+                return None
+            target = cfg.clamp(self._needed(newest.demand))
+            detail = (
+                f"utilization {util:.2f} (at least {low:.2f}) > {cfg.target_utilization:.2f} "
+                f"for {cfg.up_window_s:g} s ({self.rate:.1f}/s offered, "
+                f"{self.capacity_rps:.1f}/s per replica)"
+            )
+            if target > n:
+                return Decision(target, "utilization", detail)
+            self.note = f"{detail}, but already at max_replicas ({cfg.max_replicas})"
+            return None
+        return self._maybe_down(s.at, n)
+
+    def _shedding(self, n: int, fresh: list[_Interval], offered: int, bad: int) -> Decision | None:
+        cfg = self.config
+        # The smoothed rate lags a step of load: the rate since the shedding began counts.
+        run: list[_Interval] = []
+        for i in reversed(fresh):
+            if i.bad == 0:
+                break
+            run.append(i)
+        burst = sum(i.offered for i in run) / sum(i.seconds for i in run) if run else 0.0
+        cap = self.capacity_rps
+        demand = max(burst / cap, self._intervals[-1].demand) if cap > 0.0 else 0.0
+        target = cfg.clamp(max(n + 1, self._needed(demand)))
+        seconds = sum(i.seconds for i in fresh)
+        share = f"{bad} of {offered} queries in the last {seconds:.1f} s shed or late"
+        if target > n:
+            return Decision(target, "shedding", f"{share} (> {cfg.shed_threshold:.0%})")
+        self.note = f"{share}, but already at max_replicas ({cfg.max_replicas})"
+        return None
+
+    def _maybe_down(self, at: float, n: int) -> Decision | None:
+        cfg = self.config
+        if n <= cfg.min_replicas:
+            self.note = f"at min_replicas ({cfg.min_replicas})"
+            return None
+        window = self._window(at, cfg.down_window_s)
+        known = [i.demand for i in window if i.demand > 0.0 or i.capacity > 0.0]
+        peak = max(known, default=math.inf) / (n - 1)
+        offered = sum(i.offered for i in window)
+        bad = sum(i.bad for i in window)
+        ceiling = cfg.target_utilization * (1.0 - DOWN_HEADROOM)
+        if peak >= ceiling or bad > cfg.shed_threshold * offered:
+            self.note = f"steady: {n - 1} replicas would run at {peak:.2f}"
+            return None
+        elapsed = at - self._since
+        if elapsed < cfg.down_window_s:
+            self.note = (
+                f"{n - 1} replicas would do ({peak:.2f}); quiet for {elapsed:.0f} of "
+                f"{cfg.down_window_s:g} s"
+            )
+            return None
+        return Decision(
+            n - 1,
+            "quiet",
+            f"utilization with {n - 1} replicas at most {peak:.2f} < {ceiling:.2f} (the "
+            f"target less {DOWN_HEADROOM:.0%}) for {cfg.down_window_s:g} s",
+        )
+
+    def _needed(self, demand: float) -> int:
+        """The fewest replicas that run ``demand`` at or under the target."""
+        return max(1, math.ceil(demand / self.config.target_utilization - 1e-9))
+
+    def _add(self, s: Sample) -> bool:
+        """Record the interval since the previous sample; False when there is none yet."""
+        last, self._last = self._last, (s.at, s.offered, s.bad)
+        if last is None or s.at <= last[0]:
+            return False
+        at, offered, bad = last
+        cfg = self.config
+        # A total that went back: the version's scheduler was made again; count from zero.
+        d_offered = s.offered - offered if s.offered >= offered else s.offered
+        d_bad = s.bad - bad if s.bad >= bad else s.bad
+        keep = max(cfg.up_window_s, cfg.down_window_s)
+        while self._intervals and self._intervals[0].end <= s.at - keep:
+            self._intervals.popleft()
+        self._intervals.append(
+            _Interval(s.at, s.at - at, d_offered, d_bad, max(s.capacity_rps, 0.0))
+        )
+        recent = self._window(s.at, max(cfg.up_window_s / 2, cfg.interval_s))
+        self.rate = sum(i.offered for i in recent) / sum(i.seconds for i in recent)
+        measured = [i.capacity for i in recent if i.capacity > 0.0]
+        if measured:
+            self.capacity_rps = sum(measured) / len(measured)
+        cap = self.capacity_rps
+        self._intervals[-1] = replace(
+            self._intervals[-1], rate=self.rate, demand=self.rate / cap if cap > 0.0 else 0.0
+        )
+        return True
+
+    def _window(self, at: float, seconds: float) -> list[_Interval]:
+        """The intervals that ended in the last ``seconds`` (at least the newest one)."""
+        start = at - seconds
+        out = [i for i in self._intervals if i.end - i.seconds >= start - 1e-9]
+        return out or [self._intervals[-1]]

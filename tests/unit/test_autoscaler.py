@@ -1,0 +1,261 @@
+"""The autoscaler service on a fake clock: what it samples, whom it drives, what it asks the
+write side for, and what it shows (metrics, status). A stand-in write side records each
+``scale`` call and applies it to the registry, as the real one does once committed."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any, cast
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from clipper.batching.controllers import AIMDController, BatchController, FixedController
+from clipper.batching.scheduler import ModelScheduler
+from clipper.clock import FakeClock
+from clipper.config import BatchingConfig
+from clipper.errors import ReplicaError
+from clipper.inputs import InputType
+from clipper.registry import Intent, ModelVersion, Registry
+from clipper.runtime.autoscaler import Autoscaler, replica_capacity
+from clipper.runtime.control import Control
+from clipper.scaling import AutoscaleConfig
+
+ME = "node-me"
+INTERVAL = 1.0
+
+
+class StubReplica:
+    def __init__(self, controller: BatchController, draining: bool = False) -> None:
+        self.controller = controller
+        self.draining = draining
+
+
+class StubScheduler:
+    """What the autoscaler reads of a scheduler: its settings, replicas and counters."""
+
+    def __init__(self, mv: ModelVersion, slo_s: float = 0.2) -> None:
+        self.mv = mv
+        self.slo_s = slo_s
+        self.replicas: list[StubReplica] = []
+        self.offered = self.shed = self.late = 0
+
+
+class RecordingControl:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.node_id = ME
+        self.calls: list[tuple[str, str | None, int]] = []
+        self.fail: Exception | None = None
+
+    async def scale(
+        self,
+        name: str,
+        num_replicas: int,
+        version: str | None = None,
+        *,
+        wait: bool = True,
+        ready_timeout_s: float = 60.0,
+    ) -> ModelVersion:
+        self.calls.append((name, version, num_replicas))
+        await asyncio.sleep(0)
+        if self.fail is not None:
+            raise self.fail
+        assert version is not None
+        return self.registry.set_num_replicas(name, version, num_replicas)
+
+
+def linear_controller(per_input_s: float, batches: range = range(1, 9)) -> AIMDController:
+    c = AIMDController(0.1)
+    for n in batches:
+        for _ in range(4):
+            c.observe(n, per_input_s * n)
+    return c
+
+
+def version(owner: str = ME, **settings: Any) -> ModelVersion:
+    cfg = AutoscaleConfig(
+        min_replicas=1,
+        max_replicas=6,
+        up_window_s=4.0,
+        down_window_s=8.0,
+        interval_s=INTERVAL,
+        owner=owner,
+    ).updated(**settings)
+    return ModelVersion("m", "1", InputType.DOUBLES, artifact="/models/m", autoscale=cfg)
+
+
+class Harness:
+    def __init__(self, mv: ModelVersion) -> None:
+        self.clock = FakeClock()
+        self.registry = Registry()
+        self.registry.add_model(mv)
+        self.registry.set_model_version(mv.name, mv.version)
+        self.control = RecordingControl(self.registry)
+        self.sched = StubScheduler(mv)
+        # 10 ms per input: 100 inputs/s per replica, whatever the batch
+        self.sched.replicas.append(StubReplica(linear_controller(0.01)))
+        self.metrics = CollectorRegistry()
+        self.autoscaler = Autoscaler(
+            self.registry,
+            cast(Control, self.control),
+            cast(dict[tuple[str, str], ModelScheduler], {mv.key: self.sched}),
+            clock=self.clock,
+            metrics_registry=self.metrics,
+        )
+
+    async def run(self, seconds: float, rps: float) -> None:
+        """Offer ``rps`` for ``seconds``, one autoscaler pass per interval."""
+        for _ in range(round(seconds / INTERVAL)):
+            self.sched.offered += round(rps * INTERVAL)
+            self.clock.advance(INTERVAL)
+            self.autoscaler.tick()
+            for _ in range(3):  # let a decision's scale call finish
+                await asyncio.sleep(0)
+
+    @property
+    def replicas(self) -> int:
+        return self.registry.models["m"]["1"].num_replicas
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        value = self.metrics.get_sample_value(name, {"model": "m", "version": "1", **labels})
+        return value
+
+
+def test_capacity_is_the_largest_batch_that_fits_the_slo_target_over_its_latency() -> None:
+    mv = ModelVersion("m", "1", InputType.DOUBLES)
+    sched = StubScheduler(mv, slo_s=0.2)  # target: 0.2 * 0.5 = 100 ms
+    as_sched = cast(ModelScheduler, sched)
+    assert replica_capacity(as_sched) == 0.0  # no replica
+    # latency 5 ms + 2 ms per input: 47 inputs in 99 ms is the largest batch within 100 ms
+    c = AIMDController(0.1)
+    for n in range(1, 9):
+        for _ in range(4):
+            c.observe(n, 0.005 + 0.002 * n)
+    sched.replicas.append(StubReplica(c))
+    assert replica_capacity(as_sched) == pytest.approx(47 / (0.005 + 0.002 * 47), rel=1e-6)
+    sched.replicas.append(StubReplica(AIMDController(0.1)))  # no measurement yet: not counted
+    sched.replicas.append(StubReplica(linear_controller(0.5), draining=True))  # leaving
+    assert replica_capacity(as_sched) == pytest.approx(47 / 0.099, rel=1e-6)
+    # a batch cap in the settings bounds the batch
+    sched.mv = replace(mv, batching=BatchingConfig(max_batch_size=10))
+    assert replica_capacity(as_sched) == pytest.approx(10 / 0.025, rel=1e-6)
+    # a fixed controller: its size, at its latency
+    fixed = FixedController(4)
+    for _ in range(8):
+        fixed.observe(4, 0.05)
+    sched.mv = replace(mv, batching=BatchingConfig(controller="fixed", max_batch_size=4))
+    sched.replicas = [StubReplica(fixed)]
+    assert replica_capacity(as_sched) == pytest.approx(80.0)
+    # a flat line fitted on batches of 1 and 2 (one stall made its slope negative, flattened
+    # to the mean) is trusted up to 4x the batch the controller allows now, not to 4096
+    flat = AIMDController(0.1)
+    for _ in range(20):
+        flat.observe(1, 0.02)
+        flat.observe(2, 0.02)
+    flat.observe(1, 0.5)
+    sched.mv, sched.replicas = mv, [StubReplica(flat)]
+    bound = 4 * flat.max_batch_size()
+    assert replica_capacity(as_sched) == pytest.approx(bound / flat.typical_latency(bound))
+    assert replica_capacity(as_sched) < 500
+    # slower than the target even one at a time: one input per batch is what it can do
+    slow = linear_controller(0.3)
+    sched.mv, sched.replicas = mv, [StubReplica(slow)]
+    assert replica_capacity(as_sched) == pytest.approx(1 / 0.3)
+
+
+async def test_it_asks_the_write_side_for_the_count_and_shows_why() -> None:
+    h = Harness(version())
+    await h.run(6, 50)  # 0.5 of one replica: nothing to do
+    assert h.control.calls == []
+    assert h.metric("clipper_autoscale_utilization") == pytest.approx(0.5)
+    assert h.metric("clipper_autoscale_replica_capacity_rps") == pytest.approx(100.0)
+    await h.run(8, 300)  # 3x: ceil(300 / 70) = 5
+    assert h.control.calls == [("m", "1", 5)]
+    assert h.replicas == 5
+    assert h.metric("clipper_autoscale_desired_replicas") == 5.0
+    assert h.metric("clipper_autoscale_last_decision", reason="utilization") == 1.0
+    assert h.metric("clipper_autoscale_decisions_total", reason="utilization") == 1.0
+    status = h.autoscaler.status("m", "1")
+    assert status is not None and status["scaling"] is False
+    last = status["last_decision"]
+    assert isinstance(last, dict)
+    assert (last["replicas"], last["reason"], last["error"]) == (5, "utilization", None)
+    view = h.autoscaler.view(h.registry.models["m"]["1"])
+    assert view is not None
+    assert (view["num_replicas"], view["driven_here"], view["max_replicas"]) == (5, True, 6)
+    await h.run(40, 50)  # quiet: one at a time, each after the 8 s down window
+    assert [n for _, _, n in h.control.calls] == [5, 4, 3, 2, 1]
+    assert h.metric("clipper_autoscale_last_decision", reason="quiet") == 1.0
+    assert h.metric("clipper_autoscale_last_decision", reason="utilization") is None
+    assert h.metric("clipper_autoscale_decisions_total", reason="quiet") == 4.0
+
+
+async def test_only_the_owner_drives_a_version() -> None:
+    h = Harness(version(owner="another-frontend"))
+    await h.run(10, 500)
+    assert h.control.calls == []
+    assert h.autoscaler.status("m", "1") is None
+    view = h.autoscaler.view(h.registry.models["m"]["1"])
+    assert view is not None and view["driven_here"] is False and view["status"] is None
+    assert h.autoscaler.view(replace(h.registry.models["m"]["1"], autoscale=None)) is None
+
+
+async def test_disabling_or_deleting_forgets_the_version_and_its_series() -> None:
+    h = Harness(version())
+    await h.run(3, 50)
+    assert h.metric("clipper_autoscale_desired_replicas") == 1.0
+    mv = h.registry.models["m"]["1"]
+    assert mv.autoscale is not None
+    h.registry.replace_model(replace(mv, autoscale=replace(mv.autoscale, enabled=False)))
+    await h.run(10, 500)
+    assert h.control.calls == []
+    assert h.autoscaler.status("m", "1") is None
+    assert h.metric("clipper_autoscale_desired_replicas") is None
+    assert b"clipper_autoscale_desired_replicas{" not in generate_latest(h.metrics)
+
+
+async def test_a_version_change_under_way_pauses_it() -> None:
+    h = Harness(version())
+    h.registry.begin_intent(Intent("m", "2", "1", added=True, owner=ME))
+    await h.run(10, 500)
+    assert h.control.calls == []
+    status = h.autoscaler.status("m", "1")
+    assert status is not None and status["note"] == "a version change is under way"
+    h.registry.end_intent("m")
+    await h.run(6, 500)
+    assert h.control.calls == [("m", "1", 6)]  # ceil(500 / 70) = 8, bounded by max 6
+
+
+async def test_a_failed_scale_is_reported_and_the_next_pass_decides_again() -> None:
+    h = Harness(version())
+    h.control.fail = ReplicaError("1 of 5 replicas of m:1 connected within 60 s")
+    await h.run(6, 300)
+    assert h.control.calls == [("m", "1", 5)]  # not again at once: an up window later
+    status = h.autoscaler.status("m", "1")
+    assert status is not None
+    last = status["last_decision"]
+    assert isinstance(last, dict) and "connected within 60 s" in str(last["error"])
+    h.control.fail = None
+    await h.run(6, 300)
+    assert h.control.calls[-1] == ("m", "1", 5) and h.replicas == 5
+
+
+async def test_the_owned_loop_runs_on_the_clock_and_stops() -> None:
+    h = Harness(version())
+    h.autoscaler.start()
+    try:
+        for _ in range(12):
+            h.sched.offered += 300
+            h.clock.advance(INTERVAL)
+            for _ in range(5):
+                await asyncio.sleep(0)
+        assert h.control.calls == [("m", "1", 5)]
+    finally:
+        await h.autoscaler.stop()
+    assert h.autoscaler._task is None
+    h.sched.offered += 10_000
+    h.clock.advance(60.0)
+    await asyncio.sleep(0)
+    assert len(h.control.calls) == 1  # stopped: nothing more happens
