@@ -248,7 +248,7 @@ OVERLOAD = Choice(
     },
 )
 
-ManagerScheme = Literal["local", "external"]
+ManagerScheme = Literal["local", "external", "ray"]
 MANAGERS = Choice(
     "container manager",
     ManagerScheme,
@@ -260,6 +260,11 @@ MANAGERS = Choice(
         "external": Option(
             "external:// - replicas are started by someone else and dial in to the RPC port",
             "clipper.managers.base:build_external",
+        ),
+        "ray": Option(
+            "ray://ADDRESS?namespace=NAME&num_cpus=N&num_gpus=N&resource.NAME=N - replicas are "
+            "detached Ray actors, placed and restarted by Ray (extra: clipper-serve[ray])",
+            "clipper.managers.ray_engine:build_ray",
         ),
     },
 )

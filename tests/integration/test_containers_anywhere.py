@@ -164,7 +164,6 @@ async def test_a_container_fetches_its_artifact_checksummed_and_cached_by_checks
     assert "artifact of m:1 found in the cache" in log_text(home)
 
 
-
 async def test_artifacts_pack_to_a_stable_checksum(
     tmp_path: Path,
 ) -> None:
@@ -218,9 +217,7 @@ async def test_unreachable_then_refused_then_reached_is_logged_clearly_and_readi
         )  # fmt: skip
         await c.register_application("app", "doubles", "-1", 2_000_000)
         await c.link_model_to_app("app", "m")
-        await wait_for(
-            ready_file.exists, limit_s=30, what="the ready file once registered"
-        )
+        await wait_for(ready_file.exists, limit_s=30, what="the ready file once registered")
         assert "reached the frontend at" in log_text(home)
         assert await probe(ready_port, "/ready") == 200
         assert (await predict_ok(c.query_url, "app", {"input": [1.0]}))["output"] == 10.0
@@ -333,4 +330,3 @@ async def test_local_replicas_are_told_the_advertised_host(tmp_path: Path) -> No
         cmdline = await asyncio.to_thread(Path(f"/proc/{proc.pid}/cmdline").read_bytes)
         argv = cmdline.split(b"\0")
         assert argv[argv.index(b"--ip") + 1] == b"localhost"
-

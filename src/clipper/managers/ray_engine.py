@@ -1,0 +1,483 @@
+"""The Ray container manager (``--manager ray://ADDRESS?namespace=...``): Ray places and supervises
+the replicas, ZeroMQ stays the data path.
+
+Each replica slot is a named, detached, restartable actor
+(:class:`clipper.managers.ray_replica.ReplicaSupervisor`) called
+``clipper/<frontend node id>/<model>/<version>/<slot>`` in the manager's namespace. The name makes
+it idempotent: a restarted frontend (same state directory, so the same node id) asks for the same
+names and adopts the actors that still run (``get_if_exists``), telling them its current address,
+instead of starting duplicates. Actors of its own that it no longer wants (a version deleted, or
+scaled down, while it was away) are drained and killed once it has been up for a while.
+
+Every Ray call blocks, so each runs on the manager's own small thread pool, never on the event
+loop; the replica view (:meth:`RayManager.replicas`) is what a status poll, every ``poll_s``,
+last saw: container pid, state, node, restarts (of the container and of the actor).
+
+Placement, from the URL's parameters, overridden per model version by its labels
+``ray:<param>=<value>`` (see docs/scale-out.md): ``num_cpus`` (default 1), ``num_gpus``
+(fractional shares a GPU), ``resource.<NAME>`` (custom resources), ``node`` (hard affinity to
+a node id), ``strategy`` (``default`` or ``spread``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import urllib.parse
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from clipper.clock import wait_event
+from clipper.errors import ConfigError, ReplicaError
+from clipper.managers.base import ManagerContext
+from clipper.registry import ModelVersion
+
+__all__ = ["Placement", "RayManager", "RayReplica", "build_ray", "parse_ray_url"]
+
+log = logging.getLogger("clipper.manager")
+
+T = TypeVar("T")
+
+_PARAMS = ("namespace", "num_cpus", "num_gpus", "node", "strategy", "cache_dir",
+           "poll_s", "stop_timeout_s", "sweep_after_s")  # fmt: skip
+_LABEL_PREFIX = "ray:"
+_CALL_TIMEOUT_S = 10.0
+_DEAD = "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where an actor may run: what it reserves, and on which node."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: tuple[tuple[str, float], ...] = ()
+    node: str | None = None
+    strategy: str = "default"
+
+    def with_settings(self, settings: dict[str, str]) -> Placement:
+        """This placement overridden by ``settings`` (URL parameters or a version's labels)."""
+        resources = dict(self.resources)
+        kw: dict[str, Any] = {}
+        for key, value in settings.items():
+            if key.startswith("resource."):
+                resources[key.removeprefix("resource.")] = _number(key, value)
+            elif key in ("num_cpus", "num_gpus"):
+                kw[key] = _number(key, value)
+            elif key == "node":
+                kw["node"] = value or None
+            elif key == "strategy":
+                if value not in ("default", "spread"):
+                    raise ConfigError(f"ray strategy must be default or spread, got {value!r}")
+                kw["strategy"] = value
+        return Placement(
+            num_cpus=kw.get("num_cpus", self.num_cpus),
+            num_gpus=kw.get("num_gpus", self.num_gpus),
+            resources=tuple(sorted(resources.items())),
+            node=kw.get("node", self.node),
+            strategy=kw.get("strategy", self.strategy),
+        )
+
+    def options(self) -> dict[str, Any]:
+        """The placement part of ``ActorClass.options``."""
+        opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.resources:
+            opts["resources"] = dict(self.resources)
+        if self.node is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.node, soft=False)
+        elif self.strategy == "spread":
+            opts["scheduling_strategy"] = "SPREAD"
+        return opts
+
+
+def _number(key: str, value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        raise ConfigError(f"ray {key} must be a number, got {value!r}") from None
+    if n < 0:
+        raise ConfigError(f"ray {key} must be >= 0, got {value!r}")
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class RaySettings:
+    address: str
+    namespace: str
+    placement: Placement
+    cache_dir: str
+    poll_s: float
+    stop_timeout_s: float
+    sweep_after_s: float
+
+
+def parse_ray_url(rest: str) -> RaySettings:
+    """``ADDRESS?param=value&...`` (what follows ``ray://``); ConfigError naming what is wrong."""
+    address, _, query = rest.partition("?")
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as e:
+        raise ConfigError(f"ray://{rest}: bad parameters: {e}") from None
+    settings: dict[str, str] = {}
+    for key, value in pairs:
+        if key not in _PARAMS and not key.startswith("resource."):
+            raise ConfigError(
+                f"ray://: unknown parameter {key!r}; expected one of {', '.join(_PARAMS)} or "
+                "resource.<NAME>"
+            )
+        settings[key] = value
+    placement = Placement().with_settings(
+        {k: v for k, v in settings.items() if k in ("num_cpus", "num_gpus", "node", "strategy")
+         or k.startswith("resource.")}
+    )  # fmt: skip
+    return RaySettings(
+        address=address or "auto",
+        namespace=settings.get("namespace") or "clipper",
+        placement=placement,
+        cache_dir=settings.get("cache_dir", ""),
+        poll_s=_number("poll_s", settings.get("poll_s", "1")) or 1.0,
+        stop_timeout_s=_number("stop_timeout_s", settings.get("stop_timeout_s", "15")),
+        sweep_after_s=_number("sweep_after_s", settings.get("sweep_after_s", "30")),
+    )
+
+
+def version_placement(base: Placement, mv: ModelVersion) -> Placement:
+    """``base`` overridden by the version's ``ray:key=value`` labels."""
+    settings: dict[str, str] = {}
+    for label in mv.labels:
+        if not label.startswith(_LABEL_PREFIX):
+            continue
+        key, sep, value = label.removeprefix(_LABEL_PREFIX).partition("=")
+        key = key.replace("resource:", "resource.", 1)
+        if not sep or (key not in ("num_cpus", "num_gpus", "node", "strategy")
+                       and not key.startswith("resource.")):  # fmt: skip
+            raise ConfigError(
+                f"model {mv.name}:{mv.version}: label {label!r} is not ray:num_cpus=N, "
+                "ray:num_gpus=N, ray:resource:NAME=N, ray:node=NODE_ID or ray:strategy=spread"
+            )
+        settings[key] = value
+    return base.with_settings(settings)
+
+
+@dataclass(slots=True)
+class RayReplica:
+    """One slot as the last status poll saw it (the manager's ReplicaStatus)."""
+
+    model: str
+    version: str
+    slot: int
+    actor_name: str
+    token: str = ""
+    pid: int | None = None
+    restarts: int = 0
+    last_exit: int | None = None
+    state: str = "starting"
+    location: str = "ray"
+    node_id: str = ""
+    ready: bool = False
+    log: str = ""
+    # Bookkeeping of the poll: the actor process last seen, and restarts of earlier actors.
+    actor_pid: int | None = field(default=None, repr=False)
+    actor_restarts: int = 0
+    earlier_restarts: int = field(default=0, repr=False)
+    container_restarts: int = field(default=0, repr=False)
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.splitlines()[-lines:])
+
+
+class RayManager:
+    def __init__(self, settings: RaySettings, ctx: ManagerContext) -> None:
+        self.settings = settings
+        self.ctx = ctx
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="clipper-ray")
+        self._groups: dict[tuple[str, str], list[RayReplica]] = {}
+        self._handles: dict[str, Any] = {}
+        self._watcher: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._started_at: float | None = None
+        self._actor_class: Any = None
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    def replicas(self, name: str, version: str) -> list[RayReplica]:
+        return list(self._groups.get((name, version), ()))
+
+    def all_replicas(self) -> list[RayReplica]:
+        return [r for group in self._groups.values() for r in group]
+
+    def logs(self, max_bytes: int) -> list[tuple[str, str]]:
+        return [
+            (f"{r.model}-{r.version}-{r.slot}.log", r.log[-max_bytes:]) for r in self.all_replicas()
+        ]
+
+    async def forget(self, name: str, version: str) -> None:
+        await asyncio.sleep(0)  # the logs live with the actors, gone with them
+
+    async def ensure(self, mv: ModelVersion, replicas: int) -> None:
+        if replicas and mv.artifact is None:
+            raise ReplicaError(
+                f"model {mv.name}:{mv.version} has no artifact to run; its containers are "
+                "started outside clipper-serve"
+            )
+        placement = version_placement(self.settings.placement, mv)
+        await self._call(self._connect)
+        self._watch()
+        group = self._groups.setdefault(mv.key, [])
+        spec = self._spec(mv)
+        keys = await asyncio.to_thread(self._keys)
+        created = []
+        while len(group) < replicas:
+            replica = RayReplica(mv.name, mv.version, len(group), self._actor_name(mv, len(group)))
+            group.append(replica)
+            created.append(replica)
+        await asyncio.gather(*(
+            self._call(self._create, r.actor_name, spec, keys, placement) for r in created
+        ))  # fmt: skip
+        surplus = group[replicas:]
+        del group[replicas:]
+        # Also what an earlier run of this frontend left beyond the count (adopted, unwanted).
+        kept = [r.actor_name for r in group]
+        leftovers = await self._call(self._named_beyond, mv, replicas, kept)
+        await asyncio.gather(
+            *(self._retire(r.actor_name, r.token) for r in surplus),
+            *(self._retire(name, "") for name in leftovers if name not in {
+                r.actor_name for r in surplus}),
+        )  # fmt: skip
+        if not group:
+            self._groups.pop(mv.key, None)
+
+    async def stop_all(self) -> None:
+        """The frontend is stopping: its replicas keep running (detached), so that a restarted
+        frontend adopts them; only the status poll and the thread pool stop."""
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        self._groups.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- on the event loop --------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def _actor_name(self, mv: ModelVersion, slot: int) -> str:
+        return f"{self._prefix()}{mv.name}/{mv.version}/{slot}"
+
+    def _prefix(self) -> str:
+        return f"clipper/{self.ctx.node_id() or 'frontend'}/"
+
+    def _spec(self, mv: ModelVersion) -> dict[str, Any]:
+        return {
+            "name": mv.name,
+            "version": mv.version,
+            "input_type": mv.input_type.readable,
+            "host": self.ctx.rpc_host(),
+            "port": self.ctx.rpc_port(),
+            "heartbeat_interval_s": self.ctx.heartbeat_interval_s,
+            "cache_dir": self.settings.cache_dir,
+        }
+
+    def _keys(self) -> dict[str, bytes] | None:
+        """What a container needs of the CURVE keys (sent through Ray, never on a command
+        line): the server's public key and the deployment's client secret key."""
+        if self.ctx.rpc_keys is None:
+            return None
+        return {n: (Path(self.ctx.rpc_keys) / n).read_bytes()
+                for n in ("server.key", "client.key_secret")}  # fmt: skip
+
+    async def _retire(self, actor_name: str, token: str) -> None:
+        """Drain (the frontend sends it no more batches and waits for those in flight), then
+        stop the container and kill the actor for good."""
+        if self.ctx.drain is not None and token:
+            with contextlib.suppress(Exception):
+                await self.ctx.drain(token)
+        await self._call(self._kill, actor_name)
+
+    def _watch(self) -> None:
+        if self._watcher is None and not self._stopping.is_set():
+            self._started_at = self.ctx.clock.now()
+            self._watcher = asyncio.create_task(self._poll_forever(), name="clipper-ray-status")
+
+    async def _poll_forever(self) -> None:
+        while not await wait_event(self.ctx.clock, self._stopping, self.settings.poll_s):
+            replicas = self.all_replicas()
+            try:
+                seen = await self._call(self._statuses, [r.actor_name for r in replicas])
+            except Exception as e:  # the cluster unreachable for a moment: keep the last view
+                log.warning("ray status poll failed: %s", e)
+                continue
+            for replica, status in zip(replicas, seen, strict=True):
+                self._update(replica, status)
+            started = self._started_at or 0.0
+            if self.ctx.clock.now() - started >= self.settings.sweep_after_s:
+                await self._sweep()
+
+    def _update(self, r: RayReplica, status: dict[str, Any] | str | None) -> None:
+        if status is None:
+            return  # no answer in time: keep what we knew
+        if isinstance(status, str):  # the actor is dead or being restarted, or not yet placed
+            if r.state != "stopping":
+                r.state = "restarting" if r.actor_pid is not None else "starting"
+            if r.token and self.ctx.on_exit is not None:
+                self.ctx.on_exit(r.token)  # its container went with the actor
+            r.pid = None
+            return
+        if r.actor_pid is not None and status["actor_pid"] != r.actor_pid:
+            r.actor_restarts += 1
+            r.earlier_restarts += r.container_restarts
+        if r.token and status["token"] != r.token and self.ctx.on_exit is not None:
+            self.ctx.on_exit(r.token)  # a new container: the old one's connection is dead
+        r.actor_pid = status["actor_pid"]
+        r.container_restarts = int(status["restarts"])
+        r.restarts = r.actor_restarts + r.earlier_restarts + r.container_restarts
+        r.token = str(status["token"])
+        r.pid = status["pid"]
+        r.last_exit = status["last_exit"]
+        r.state = str(status["state"])
+        r.node_id = str(status["node_id"])
+        r.location = f"ray:{r.node_id[:12]}@{status['node_ip']}"
+        r.ready = bool(status["ready"])
+        r.log = str(status["log"])
+
+    async def _sweep(self) -> None:
+        """Kill this frontend's actors of versions it no longer runs (deleted, or scaled to 0,
+        while it was away); it has been up long enough to have ensured every version."""
+        wanted = {r.actor_name for r in self.all_replicas()}
+        try:
+            names = await self._call(self._own_names)
+        except Exception:
+            return
+        stale = [n for n in names if n not in wanted and tuple(
+            n.removeprefix(self._prefix()).split("/")[:2]) not in self._groups]  # fmt: skip
+        for name in stale:
+            log.info("ray actor %s belongs to no version this frontend runs: retired", name)
+        await asyncio.gather(*(self._retire(n, "") for n in stale))
+
+    # -- in the thread pool (Ray blocks) ------------------------------------------------------
+
+    def _connect(self) -> None:
+        import ray
+
+        from clipper.managers.ray_replica import ReplicaSupervisor
+
+        if not ray.is_initialized():
+            ray.init(
+                address=self.settings.address,
+                namespace=self.settings.namespace,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        if self._actor_class is None:
+            self._actor_class = ray.remote(ReplicaSupervisor)
+
+    def _create(self, actor_name: str, spec: dict[str, Any], keys: dict[str, bytes] | None,
+                placement: Placement) -> None:  # fmt: skip
+        import ray
+
+        handle = self._actor_class.options(
+            name=actor_name,
+            namespace=self.settings.namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=-1,
+            max_task_retries=0,
+            max_concurrency=4,  # a status poll is answered while stop() waits
+            **placement.options(),
+        ).remote(actor_name, spec, keys)
+        self._handles[actor_name] = handle
+        # Adopted (it ran before this frontend started): tell it our address. A new actor
+        # already has it; this call then also waits until it is placed (bounded).
+        with contextlib.suppress(ray.exceptions.GetTimeoutError):
+            ray.get(handle.configure.remote(spec), timeout=_CALL_TIMEOUT_S)
+
+    def _handle(self, actor_name: str) -> Any:
+        import ray
+
+        handle = self._handles.get(actor_name)
+        if handle is None:
+            handle = ray.get_actor(actor_name, namespace=self.settings.namespace)
+            self._handles[actor_name] = handle
+        return handle
+
+    def _kill(self, actor_name: str) -> None:
+        import ray
+
+        try:
+            handle = self._handle(actor_name)
+        except ValueError:
+            return  # already gone
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(handle.stop.remote(self.settings.stop_timeout_s),
+                    timeout=self.settings.stop_timeout_s + _CALL_TIMEOUT_S)  # fmt: skip
+        with contextlib.suppress(ValueError, ray.exceptions.RayError):
+            ray.kill(handle, no_restart=True)
+        self._handles.pop(actor_name, None)
+
+    def _statuses(self, names: list[str]) -> list[dict[str, Any] | str | None]:
+        """Per actor: its status, ``"dead"`` (gone or being restarted by Ray), or None (no
+        answer within a poll period: a busy node; nothing is concluded from it)."""
+        import ray
+
+        refs: list[Any] = []
+        for name in names:
+            try:
+                refs.append(self._handle(name).status.remote())
+            except (ValueError, ray.exceptions.RayError):
+                refs.append(None)
+        pending = [ref for ref in refs if ref is not None]
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=self.settings.poll_s)
+        done = set(ready)
+        out: list[dict[str, Any] | str | None] = []
+        for ref in refs:
+            if ref is None:
+                out.append(_DEAD)
+            elif ref not in done:
+                out.append(None)
+            else:
+                try:
+                    out.append(ray.get(ref))
+                except ray.exceptions.RayError:
+                    out.append(_DEAD)
+        return out
+
+    def _own_names(self) -> list[str]:
+        import ray.util
+
+        prefix = self._prefix()
+        return [str(a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)
+                if a.get("namespace") == self.settings.namespace
+                and str(a["name"]).startswith(prefix)]  # fmt: skip
+
+    def _named_beyond(self, mv: ModelVersion, count: int, keep: list[str]) -> list[str]:
+        """This version's actors of an earlier run at slots >= ``count``."""
+        stem = f"{self._prefix()}{mv.name}/{mv.version}/"
+        out = []
+        for name in self._own_names():
+            slot = name.removeprefix(stem)
+            if name.startswith(stem) and slot.isdigit() and int(slot) >= count and name not in keep:
+                out.append(name)
+        return out
+
+
+def build_ray(rest: str, ctx: ManagerContext) -> RayManager:
+    """``ray://ADDRESS?...`` (the MANAGERS table); Ray itself is imported on first use."""
+    settings = parse_ray_url(rest)
+    try:
+        import ray  # noqa: F401 - only to say clearly that it is missing
+    except ImportError:
+        raise ConfigError(
+            "the ray:// manager needs Ray: pip install 'clipper-serve[ray]'"
+        ) from None
+    return RayManager(settings, ctx)
