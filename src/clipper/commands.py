@@ -273,6 +273,8 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
                     "framing",
                     "in_flight_batches",
                     "seconds_since_heard",
+                    "state",
+                    "location",
                     "pid",
                     "restarts",
                 ],

@@ -188,6 +188,7 @@ class RayReplica:
     actor_restarts: int = 0
     earlier_restarts: int = field(default=0, repr=False)
     container_restarts: int = field(default=0, repr=False)
+    misses: int = field(default=0, repr=False)  # polls in a row without an answer
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log.splitlines()[-lines:])
@@ -326,7 +327,13 @@ class RayManager:
 
     def _update(self, r: RayReplica, status: dict[str, Any] | str | None) -> None:
         if status is None:
-            return  # no answer in time: keep what we knew
+            # No answer in time: a busy node, or an actor Ray is restarting or cannot place
+            # (its calls wait for it). Two polls in a row: reported as restarting.
+            r.misses += 1
+            if r.misses >= 2 and r.state == "running":
+                r.state = "restarting"
+            return
+        r.misses = 0
         if isinstance(status, str):  # the actor is dead or being restarted, or not yet placed
             if r.state != "stopping":
                 r.state = "restarting" if r.actor_pid is not None else "starting"
