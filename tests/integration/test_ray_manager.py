@@ -96,11 +96,11 @@ async def frontend_factory(cluster: RayCluster, tmp_path: Path) -> AsyncIterator
     started: list[Clipper] = []
     rpc_port = free_port()
 
-    async def start() -> Clipper:
+    async def start(**params: str) -> Clipper:
+        url = cluster.manager_url(cache_dir=f"{tmp_path}/cache/{{node}}", poll_s="0.3", **params)
         c = Clipper(
             query_port=0, admin_port=0, rpc_port=rpc_port, state_dir=tmp_path / "state",
-            store=f"sqlite:///{tmp_path / 'state'}", replica_timeout_s=1.0,
-            manager=cluster.manager_url(cache_dir=f"{tmp_path}/cache/{{node}}", poll_s="0.3"),
+            store=f"sqlite:///{tmp_path / 'state'}", replica_timeout_s=1.0, manager=url,
         )  # fmt: skip
         await c.start()
         started.append(c)
@@ -210,3 +210,27 @@ async def test_replicas_on_ray_nodes_survive_kills_node_loss_and_a_frontend_rest
     assert cluster.named_actors() == names  # none duplicated
     doc = await predict_ok(c2.query_url, "app", {"input": [1.0, 2.0]})
     assert doc["output"] == 3.0 and doc["default"] is False
+
+
+async def test_actors_of_versions_the_frontend_no_longer_runs_are_retired(
+    cluster: RayCluster, frontend_factory: Any
+) -> None:
+    import ray
+
+    from clipper.managers.ray_replica import ReplicaSupervisor
+
+    c = await frontend_factory(sweep_after_s="1")
+    # What a crashed frontend may leave: an actor of a version deleted while it was down.
+    stray = f"clipper/{c.control.node_id}/gone/1/0"
+    spec = {"name": "gone", "version": "1", "input_type": "doubles", "host": "127.0.0.1",
+            "port": c.rpc.port, "heartbeat_interval_s": 1.0, "cache_dir": ""}  # fmt: skip
+    ray.remote(ReplicaSupervisor).options(
+        name=stray, namespace=cluster.namespace, lifetime="detached", num_cpus=0
+    ).remote(stray, spec, None)
+    await wait_for(lambda: stray in cluster.named_actors(), limit_s=10, what="the stray actor")
+    await c.register_application("app", "doubles", "-1", 2_000_000)
+    await c.deploy_model("m", "1", node_sums, input_type="doubles", num_replicas=1)
+    await wait_for(
+        lambda: cluster.named_actors() == [f"clipper/{c.control.node_id}/m/1/0"],
+        limit_s=20, what="the stray actor retired, the wanted one kept",
+    )  # fmt: skip

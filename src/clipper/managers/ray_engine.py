@@ -319,11 +319,14 @@ class RayManager:
             except Exception as e:  # the cluster unreachable for a moment: keep the last view
                 log.warning("ray status poll failed: %s", e)
                 continue
-            for replica, status in zip(replicas, seen, strict=True):
-                self._update(replica, status)
-            started = self._started_at or 0.0
-            if self.ctx.clock.now() - started >= self.settings.sweep_after_s:
-                await self._sweep()
+            try:
+                for replica, status in zip(replicas, seen, strict=True):
+                    self._update(replica, status)
+                started = self._started_at or 0.0
+                if self.ctx.clock.now() - started >= self.settings.sweep_after_s:
+                    await self._sweep()
+            except Exception:  # the poll must go on: it is the only view of the replicas
+                log.exception("ray status poll: updating the replica view failed")
 
     def _update(self, r: RayReplica, status: dict[str, Any] | str | None) -> None:
         if status is None:
