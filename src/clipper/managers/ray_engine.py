@@ -485,9 +485,11 @@ def build_ray(rest: str, ctx: ManagerContext) -> RayManager:
     """``ray://ADDRESS?...`` (the MANAGERS table); Ray itself is imported on first use."""
     settings = parse_ray_url(rest)
     try:
-        import ray  # noqa: F401 - only to say clearly that it is missing
+        import ray
     except ImportError:
-        raise ConfigError(
-            "the ray:// manager needs Ray: pip install 'clipper-serve[ray]'"
-        ) from None
+        ray = None
+    # A directory named ray on sys.path (Ray's own /tmp/ray, with the cwd /tmp) imports as an
+    # empty namespace package: not Ray either.
+    if getattr(ray, "init", None) is None:
+        raise ConfigError("the ray:// manager needs Ray: pip install 'clipper-serve[ray]'")
     return RayManager(settings, ctx)
