@@ -196,6 +196,10 @@ async def test_replicas_on_ray_nodes_survive_kills_node_loss_and_a_frontend_rest
         await loop.stop()
 
     # A frontend restart (same state directory and RPC port): the same actors are adopted.
+    await wait_for(  # the manager's view is current: each slot's token is a connected replica
+        lambda: {r.token for r in mgr.all_replicas()} == {x.address for x in sched.replicas},
+        limit_s=10, what="the replica view to catch up",
+    )  # fmt: skip
     before = {r.actor_name: r.actor_pid for r in mgr.all_replicas()}
     await c.stop()
     c2 = await frontend_factory()
@@ -234,3 +238,49 @@ async def test_actors_of_versions_the_frontend_no_longer_runs_are_retired(
         lambda: cluster.named_actors() == [f"clipper/{c.control.node_id}/m/1/0"],
         limit_s=20, what="the stray actor retired, the wanted one kept",
     )  # fmt: skip
+
+
+async def test_placement_by_labels_shares_a_gpu_and_pins_a_node(
+    cluster: RayCluster, frontend_factory: Any
+) -> None:
+    # A node with one (logical) GPU and a custom resource; the others have neither.
+    gpu_node = cluster.cluster.add_node(
+        num_cpus=1, num_gpus=1, resources={"accel": 2}, node_ip_address="127.0.0.1"
+    )
+    try:
+        c = await frontend_factory()
+        await c.register_application("app", "doubles", "-1", 2_000_000)
+        # Two replicas sharing the GPU (half each, no CPU reserved): both on that node.
+        await c.deploy_model(
+            "g", "1", node_sums, input_type="doubles", num_replicas=2,
+            labels=["ray:num_gpus=0.5", "ray:num_cpus=0"],
+        )  # fmt: skip
+        # One pinned by a custom resource only that node has.
+        await c.deploy_model(
+            "a", "1", node_sums, input_type="doubles", num_replicas=1,
+            labels=["ray:resource:accel=1", "ray:num_cpus=0"],
+        )  # fmt: skip
+        mgr = manager_of(c)
+        await wait_for(
+            lambda: all(r.node_id for r in mgr.all_replicas()), limit_s=10, what="statuses"
+        )
+        assert {r.node_id for r in mgr.all_replicas()} == {gpu_node.node_id}
+        for r in mgr.replicas("g", "1"):
+            assert r.pid is not None
+            environ = await asyncio.to_thread(Path(f"/proc/{r.pid}/environ").read_bytes)
+            assert b"CUDA_VISIBLE_DEVICES=0" in environ.split(b"\0")  # Ray's, inherited
+        # Node affinity: a version pinned to a worker node by its id.
+        other = next(n for n in cluster.workers if n.node_id != gpu_node.node_id)
+        await c.deploy_model(
+            "n", "1", node_sums, input_type="doubles", num_replicas=1,
+            labels=[f"ray:node={other.node_id}", "ray:num_cpus=0"],
+        )  # fmt: skip
+        await wait_for(
+            lambda: [r.node_id for r in mgr.replicas("n", "1")] == [other.node_id],
+            limit_s=10, what="the pinned replica's node",
+        )  # fmt: skip
+        for name in ("g", "a", "n"):
+            await c.stop_model(name, "1")
+        assert cluster.named_actors() == []  # deleting a version removes its actors
+    finally:
+        cluster.remove_node(gpu_node)
