@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import orjson
 import pytest
 
 from clipper import Clipper
 from clipper.managers.ray_engine import RayManager
+from tests.integration.frontend_process import SRC, FrontendProcess
 from tests.integration.helpers import predict_ok, request, wait_for
 from tests.integration.redis_server import free_port
 from tests.raycluster import RayCluster, ray_cluster
@@ -284,3 +286,54 @@ async def test_placement_by_labels_shares_a_gpu_and_pins_a_node(
         assert cluster.named_actors() == []  # deleting a version removes its actors
     finally:
         cluster.remove_node(gpu_node)
+
+
+async def test_clipper_start_with_a_ray_manager_end_to_end(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    """``clipper start --manager ray://...`` as its own process (it joins the cluster itself,
+    off its event loop), driven by the CLI: deploy, predict, and ``clipper status`` shows where
+    the replicas run."""
+    url = cluster.manager_url(poll_s="0.5")
+
+    class RayFrontend(FrontendProcess):
+        def command(self) -> list[str]:
+            return [*super().command(), "--manager", url]
+
+    fe = RayFrontend(tmp_path / "state")
+    model_file = tmp_path / "sums.pkl"
+    model_file.write_bytes(cloudpickle.dumps(node_sums))
+    env = {**os.environ, "CLIPPER_ADMIN_URL": fe.admin_url,
+           "CLIPPER_URL": f"http://127.0.0.1:{fe.ports.query}", "PYTHONPATH": SRC}  # fmt: skip
+
+    async def cli(*args: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "clipper", *args, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()
+        return out.decode()
+
+    try:
+        await fe.start()
+        await cli("app", "register", "s", "--input-type", "doubles", "--default-output", "-1",
+                  "--slo-micros", "2000000")  # fmt: skip
+        out = await cli("model", "deploy", str(model_file), "--name", "m", "--version", "1",
+                        "--input-type", "doubles", "--replicas", "2")  # fmt: skip
+        assert "2 replicas ready" in out
+        await cli("link", "s", "m")
+        assert orjson.loads(await cli("predict", "s", "[1, 2]"))["output"] == 3.0
+
+        async def placed() -> bool:
+            status = orjson.loads(await cli("status", "--json"))
+            return sorted(r["state"] for r in status["replicas"]) == ["running", "running"] and all(
+                str(r["location"]).startswith("ray:") for r in status["replicas"]
+            )
+
+        await wait_for(placed, limit_s=20, what="clipper status showing the ray replicas")
+        assert "ray:" in await cli("status")  # the table has the location column
+        await cli("model", "delete", "m", "1")
+        assert cluster.named_actors() == []
+    finally:
+        fe.cleanup()
