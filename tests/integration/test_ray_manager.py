@@ -98,10 +98,10 @@ async def frontend_factory(cluster: RayCluster, tmp_path: Path) -> AsyncIterator
     started: list[Clipper] = []
     rpc_port = free_port()
 
-    async def start(**params: str) -> Clipper:
+    async def start(port: int | None = None, **params: str) -> Clipper:
         url = cluster.manager_url(cache_dir=f"{tmp_path}/cache/{{node}}", poll_s="0.3", **params)
         c = Clipper(
-            query_port=0, admin_port=0, rpc_port=rpc_port, state_dir=tmp_path / "state",
+            query_port=0, admin_port=0, rpc_port=port or rpc_port, state_dir=tmp_path / "state",
             store=f"sqlite:///{tmp_path / 'state'}", replica_timeout_s=1.0, manager=url,
         )  # fmt: skip
         await c.start()
@@ -240,6 +240,36 @@ async def test_actors_of_versions_the_frontend_no_longer_runs_are_retired(
         lambda: cluster.named_actors() == [f"clipper/{c.control.node_id}/m/1/0"],
         limit_s=20, what="the stray actor retired, the wanted one kept",
     )  # fmt: skip
+
+
+async def test_adopted_actors_follow_a_frontend_to_a_new_port_even_after_a_restart(
+    cluster: RayCluster, frontend_factory: Any
+) -> None:
+    c = await frontend_factory()
+    await c.register_application("app", "doubles", "-1", 2_000_000)
+    await c.deploy_model("m", "1", node_sums, input_type="doubles", num_replicas=1)
+    await c.link_model_to_app("app", "m")
+    await c.stop()
+    # Restarted on another RPC port: the adopted actor is told it, its container follows.
+    c2 = await frontend_factory(port=free_port())
+    sched = c2.schedulers[("m", "1")]
+    await wait_for(lambda: len(sched.replicas) == 1, limit_s=30, what="the adopted replica")
+    mgr = manager_of(c2)
+    await wait_for(lambda: mgr.all_replicas()[0].actor_pid is not None, limit_s=10,
+                   what="its status")  # fmt: skip
+    [replica] = mgr.all_replicas()
+    old_actor = replica.actor_pid
+    assert old_actor is not None
+    # Ray restarts a killed actor with its creation arguments (the old port): the status poll
+    # sees that and configures it again.
+    os.kill(old_actor, signal.SIGKILL)
+    await wait_for(
+        lambda: replica.actor_pid not in (None, old_actor) and len(sched.replicas) == 1
+        and sched.replicas[0].address == replica.token,
+        limit_s=30, interval=0.05, what="the restarted actor's container on the new port",
+    )  # fmt: skip
+    doc = await predict_ok(c2.query_url, "app", {"input": [2.0, 3.0]})
+    assert doc["output"] == 5.0 and doc["default"] is False
 
 
 async def test_placement_by_labels_shares_a_gpu_and_pins_a_node(

@@ -189,6 +189,7 @@ class RayReplica:
     earlier_restarts: int = field(default=0, repr=False)
     container_restarts: int = field(default=0, repr=False)
     misses: int = field(default=0, repr=False)  # polls in a row without an answer
+    spec: dict[str, Any] = field(default_factory=dict, repr=False)  # what it should run
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log.splitlines()[-lines:])
@@ -242,6 +243,8 @@ class RayManager:
         await asyncio.gather(*(
             self._call(self._create, r.actor_name, spec, keys, placement) for r in created
         ))  # fmt: skip
+        for r in group:
+            r.spec = spec
         surplus = group[replicas:]
         del group[replicas:]
         # Also what an earlier run of this frontend left beyond the count (adopted, unwanted).
@@ -322,6 +325,12 @@ class RayManager:
             try:
                 for replica, status in zip(replicas, seen, strict=True):
                     self._update(replica, status)
+                stale = [
+                    (r.actor_name, r.spec) for r, st in zip(replicas, seen, strict=True)
+                    if isinstance(st, dict) and r.spec and st.get("spec") != r.spec
+                ]  # fmt: skip
+                if stale:  # restarted by Ray with an older address: tell it the current one
+                    await self._call(self._reconfigure, stale)
                 started = self._started_at or 0.0
                 if self.ctx.clock.now() - started >= self.settings.sweep_after_s:
                     await self._sweep()
@@ -408,9 +417,17 @@ class RayManager:
         ).remote(actor_name, spec, keys)
         self._handles[actor_name] = handle
         # Adopted (it ran before this frontend started): tell it our address. A new actor
-        # already has it; this call then also waits until it is placed (bounded).
-        with contextlib.suppress(ray.exceptions.GetTimeoutError):
+        # already has it; this call then also waits until it is placed (bounded). One not
+        # placed yet, or restarting, gets it when it runs; the status poll reports it meanwhile.
+        with contextlib.suppress(ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
             ray.get(handle.configure.remote(spec), timeout=_CALL_TIMEOUT_S)
+
+    def _reconfigure(self, stale: list[tuple[str, dict[str, Any]]]) -> None:
+        import ray
+
+        for actor_name, spec in stale:
+            with contextlib.suppress(ValueError, ray.exceptions.RayError):
+                self._handle(actor_name).configure.remote(spec)  # not waited for
 
     def _handle(self, actor_name: str) -> Any:
         import ray

@@ -144,6 +144,9 @@ class ReplicaSupervisor:
                 "node_ip": self.node_ip,
                 "ready": alive and (self.workdir / "ready").exists(),
                 "log": "\n".join(self.lines),
+                # A restarted actor runs with its creation arguments: the manager compares
+                # and configures it again when the frontend's address changed since.
+                "spec": self.spec,
             }
 
     def stop(self, grace_s: float) -> int | None:
