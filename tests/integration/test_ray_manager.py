@@ -180,7 +180,9 @@ async def test_replicas_on_ray_nodes_survive_kills_node_loss_and_a_frontend_rest
         await wait_for(lambda: len(sched.replicas) == 2, limit_s=20, what="the lost replica")
 
         async def lost_slot_shown() -> bool:  # the admin view shows the slot, unconnected
-            resp = await request(c.admin_url + "/admin/get_replicas", "POST", b"{}")
+            resp = await request(
+                c.admin_url + "/admin/get_replicas", "POST", b'{"unconnected": true}'
+            )
             return any(v["replica_id"] is None and v["state"] in ("restarting", "starting")
                        for v in resp.json())  # fmt: skip
 

@@ -11,7 +11,7 @@ from clipper.clock import MonotonicClock
 from clipper.errors import ConfigError
 from clipper.inputs import InputType
 from clipper.managers.base import ManagerContext, open_manager
-from clipper.managers.ray_engine import Placement, parse_ray_url, version_placement
+from clipper.managers.ray_settings import Placement, parse_ray_url, version_placement
 from clipper.registry import ModelVersion
 
 

@@ -722,7 +722,8 @@ class AdminApi:
                     "location": proc.location if proc is not None else None,
                 }
             )
-        out.extend(self._unconnected_slots(name, version, {d["pid"] for d in out}))
+        if bool_field(doc, "unconnected", False):
+            out.extend(self._unconnected_slots(name, version, {d["pid"] for d in out}))
         return json_reply(out)
 
     def _unconnected_slots(

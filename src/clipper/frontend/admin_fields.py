@@ -118,7 +118,8 @@ SCHEMAS: dict[str, str] = {
         '"default_output" := string (optional), "cache" := bool (optional), '
         f'"overload" := {OVERLOAD.schema()} (optional)' + _SELECTION
     ),
-    "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
+    "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional), '
+    '"unconnected" := bool (optional)}',
     "get_logs": '{"max_bytes" := int (optional)}',
 }
 
