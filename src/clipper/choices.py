@@ -264,7 +264,7 @@ ON_MODEL_ERROR = Choice(
     },
 )
 
-ManagerScheme = Literal["local", "external", "k8s"]
+ManagerScheme = Literal["local", "external", "k8s", "ray"]
 MANAGERS = Choice(
     "container manager",
     ManagerScheme,
@@ -281,6 +281,11 @@ MANAGERS = Choice(
             "k8s://NAMESPACE?image=... - one Kubernetes Deployment per model version "
             "(docs/scale-out.md)",
             "clipper.managers.base:build_kubernetes",
+        ),
+        "ray": Option(
+            "ray://ADDRESS?namespace=NAME&num_cpus=N&num_gpus=N&resource.NAME=N - replicas are "
+            "detached Ray actors, placed and restarted by Ray (extra: clipper-serve[ray])",
+            "clipper.managers.ray_engine:build_ray",
         ),
     },
 )

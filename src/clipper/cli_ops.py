@@ -261,7 +261,7 @@ _MODEL_COLUMNS = [
     "model_name", "model_version", "current", "replicas", "queue_depth", "model_errors_per_s",
 ]  # fmt: skip
 _REPLICA_COLUMNS = [
-    "model_name", "model_version", "replica", "state", "restarts", "last_exit", "pid",
+    "model_name", "model_version", "replica", "state", "location", "restarts", "last_exit", "pid",
     "in_flight_batches", "seconds_since_heard", "log",
 ]  # fmt: skip
 

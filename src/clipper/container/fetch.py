@@ -20,7 +20,6 @@ import hashlib
 import logging
 import os
 import shutil
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -127,8 +126,13 @@ def _download(
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         if kind == "tar":
-            with tarfile.open(partial) as tar:
-                tar.extractall(staging / "tree", filter="data")
+            import tarfile  # only for a directory artifact
+
+            try:
+                with tarfile.open(partial) as tar:
+                    tar.extractall(staging / "tree", filter="data")
+            except tarfile.TarError as e:
+                raise WireError(f"the artifact's tar cannot be unpacked: {e}") from None
         else:
             partial.replace(staging / "artifact")
         try:
@@ -179,7 +183,7 @@ def fetch_artifact(
                 # Not (yet) known there: a frontend still starting, a version being deployed.
                 log.warning("the frontend has no artifact for %s:%s (%s); asking again in %.1f s",
                             name, version, e, backoff)  # fmt: skip
-            except (WireError, KeyError, ValueError, OSError, tarfile.TarError) as e:
+            except (WireError, KeyError, ValueError, OSError) as e:
                 log.warning("fetching the artifact of %s:%s failed: %s; again in %.1f s",
                             name, version, e, backoff)  # fmt: skip
             finally:

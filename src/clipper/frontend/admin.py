@@ -760,7 +760,25 @@ class AdminApi:
                     "log": _log_name(proc),
                 }
             )
+        if bool_field(doc, "unconnected", False):
+            out.extend(self._unconnected_slots(name, version, {d["pid"] for d in out}))
         return json_reply(out)
+
+    def _unconnected_slots(
+        self, name: str | None, version: str | None, listed_pids: set[Any]
+    ) -> list[dict[str, Any]]:
+        """The manager's slots with no connected replica (starting, restarting, placed
+        nowhere yet): ``replica_id`` null, their state, location and restarts."""
+        connected = {r.address for r in self._replicas(name, version) if r.address}
+        return [
+            {"model_name": p.model, "model_version": p.version, "replica_id": None,
+             "framing": None, "in_flight_batches": 0, "seconds_since_heard": None,
+             "batch_latency_p50_ms": None, "max_batch_size": None, "draining": False,
+             "pid": p.pid, "restarts": p.restarts, "state": p.state, "location": p.location}
+            for p in self.manager.all_replicas()
+            if (name is None or p.model == name) and (version is None or p.version == version)
+            and p.token not in connected and (p.pid is None or p.pid not in listed_pids)
+        ]  # fmt: skip
 
     def _latency_p50s(self) -> dict[tuple[str, str, str], float]:
         """Per replica, the median batch round trip from its latency histogram."""

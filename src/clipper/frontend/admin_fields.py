@@ -124,7 +124,8 @@ SCHEMAS: dict[str, str] = {
         f'"overload" := {OVERLOAD.schema()} (optional), '
         f'"on_model_error" := {ON_MODEL_ERROR.schema()} (optional)' + _SELECTION
     ),
-    "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional)}',
+    "get_replicas": '{"model_name" := string (optional), "model_version" := string (optional), '
+    '"unconnected" := bool (optional)}',
     "set_autoscale": (
         '{"model_name" := string, "model_version" := string (optional: the current one), '
         '"enabled" := bool, "min_replicas" := int, "max_replicas" := int, '
