@@ -5,14 +5,17 @@
 * a replica's process crashes -> it is back, and the admin replica view reports the restart.
 
 ``local://`` restarts its children; ``ray://`` (a real Ray cluster, ``-m ray`` in a venv with Ray)
-restarts through its actors; with ``external://`` an outside engine (here the test: containers
-started by hand, fetching their model from the frontend) starts, stops (SIGTERM: the container
-drains itself) and restarts them, and the frontend reports what connects.
+restarts through its actors; ``k8s://`` (``-m k8s`` in a venv with the kubernetes client and the
+kmock API emulator) through Deployments that a local kubelet runs; with ``external://`` an
+outside engine (here the test: containers started by hand, fetching their model from the
+frontend) starts, stops (SIGTERM: the container drains itself) and restarts them, and the
+frontend reports what connects.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -126,6 +129,18 @@ class ExternalEngine(Engine):
             proc.wait(10)
 
 
+class KubernetesEngine(Engine):
+    """``k8s://`` against an API emulator, with a local kubelet running the Deployments the
+    manager creates (tests/integration/kubelet.py): Kubernetes restarts and removes pods."""
+
+    def __init__(self, c: Clipper, tmp: Path, kubelet: Any) -> None:
+        super().__init__(c, tmp)
+        self.kubelet = kubelet
+
+    def pids(self) -> list[int]:
+        return [p.proc.pid for pods in self.kubelet.pods.values() for p in pods]
+
+
 @pytest.fixture(scope="module")
 def ray_cluster_for_suite() -> Iterator[Any]:
     from tests.raycluster import ray_cluster
@@ -139,33 +154,52 @@ def ray_cluster_for_suite() -> Iterator[Any]:
         "local",
         "external",
         pytest.param("ray", marks=pytest.mark.ray),
+        pytest.param("k8s", marks=pytest.mark.k8s),
     ]
 )
 async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
     kind = request.param
     settings: dict[str, Any] = {}
-    if kind == "ray":
-        from tests.raycluster import require_ray
+    async with contextlib.AsyncExitStack() as stack:
+        kubelet: Any = None
+        if kind == "ray":
+            from tests.raycluster import require_ray
 
-        require_ray()
-        cluster = request.getfixturevalue("ray_cluster_for_suite")
-        settings["manager"] = cluster.manager_url(poll_s="0.3")
-    elif kind == "external":
-        settings["manager"] = "external://"
-    c = Clipper(
-        query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path / "state",
-        replica_timeout_s=1.0, **settings,
-    )  # fmt: skip
-    await c.start()
-    engine = (ExternalEngine if kind == "external" else Engine)(c, tmp_path)
-    try:
-        await c.register_application("app", "doubles", "-1", 2_000_000)
-        yield engine
-    finally:
-        engine.close()
-        if kind == "ray":  # its actors outlive the frontend by design
-            await c.set_num_replicas("m", 0, "1", wait=False)
-        await c.stop()
+            require_ray()
+            cluster = request.getfixturevalue("ray_cluster_for_suite")
+            settings["manager"] = cluster.manager_url(poll_s="0.3")
+        elif kind == "external":
+            settings["manager"] = "external://"
+        elif kind == "k8s":
+            kmock = pytest.importorskip("kmock", reason="-m k8s runs in .ci/run's k8s venv")
+            pytest.importorskip("kubernetes", reason="-m k8s runs in .ci/run's k8s venv")
+            from tests.integration.kubelet import LocalKubelet
+
+            emulator = await stack.enter_async_context(kmock.KubernetesEmulator())
+            await stack.enter_async_context(kmock.Server(emulator))
+            api = str(emulator.url).rstrip("/")
+            settings["manager"] = f"k8s://conformance?api={api}&drain_timeout=5"
+            kubelet = LocalKubelet(api, "conformance", tmp_path / "kubelet")
+            kubelet.start()
+            stack.push_async_callback(kubelet.stop)
+        c = Clipper(
+            query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path / "state",
+            replica_timeout_s=1.0, **settings,
+        )  # fmt: skip
+        await c.start()
+        engine: Engine
+        if kind == "k8s":
+            engine = KubernetesEngine(c, tmp_path, kubelet)
+        else:
+            engine = (ExternalEngine if kind == "external" else Engine)(c, tmp_path)
+        try:
+            await c.register_application("app", "doubles", "-1", 2_000_000)
+            yield engine
+        finally:
+            engine.close()
+            if kind == "ray":  # its actors outlive the frontend by design
+                await c.set_num_replicas("m", 0, "1", wait=False)
+            await c.stop()
 
 
 async def replica_view(c: Clipper) -> list[dict[str, Any]]:
