@@ -268,7 +268,12 @@ async def test_sigterm_drains_in_flight_batches_and_loses_no_query(
 ) -> None:
     c = external
     keys = str(c.state_dir / "rpc-keys")
-    deploy = asyncio.create_task(c.deploy_model("m", "1", slow_sums, input_type="doubles"))
+    # Batches of at most 3 for 6 closed-loop clients: both replicas always have work (with no
+    # cap the clients fall into step, all 6 riding each batch of whichever replica is first).
+    batching = BatchingConfig(controller="fixed", max_batch_size=3, max_wait_micros=0)
+    deploy = asyncio.create_task(
+        c.deploy_model("m", "1", slow_sums, input_type="doubles", batching=batching)
+    )
     await wait_for(lambda: ("m", "1") in c.schedulers, limit_s=30, what="the version")
     model = Path(c.registry.get_model("m", "1").artifact or "")
     ready = [tmp_path / "ready-a", tmp_path / "ready-b"]
