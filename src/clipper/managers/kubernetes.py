@@ -103,12 +103,15 @@ def parse_url(rest: str) -> tuple[KubeSettings, dict[str, str]]:
 
 def _api_client(conn: dict[str, str]) -> Any:
     try:
-        from kubernetes import client, config  # an optional extra
+        import kubernetes  # an optional extra
     except ImportError:
         raise ConfigError(
             "the k8s:// manager needs the kubernetes client: "
             "pip install 'clipper-serve[kubernetes]'"
         ) from None
+    # Untyped (no stubs): Any, so that mypy is the same with it installed or not.
+    k8s: Any = kubernetes
+    client, config = k8s.client, k8s.config
     if "api" in conn:
         cfg = client.Configuration()
         cfg.host = conn["api"]
@@ -161,8 +164,9 @@ class KubernetesManager:
 
     def _connect(self) -> None:
         if self._api is None:
-            from kubernetes import client
+            import kubernetes
 
+            client: Any = kubernetes.client
             self._api = _api_client(self._conn)
             self._apps = client.AppsV1Api(self._api)
             self._core = client.CoreV1Api(self._api)
