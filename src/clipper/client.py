@@ -270,9 +270,7 @@ class Client:
     def delete_model_version(self, name: str, version: str, *, force: bool = False) -> None:
         """Delete a version. The current version of a model linked to an application is
         refused (409, a :class:`RegistryError` saying why) unless ``force``."""
-        doc: dict[str, Any] = {"model_name": name, "model_version": version}
-        if force:
-            doc["force"] = True
+        doc = {"model_name": name, "model_version": version, "force": force}
         self.admin("delete_versioned_model", doc)
 
     # -- queries -----------------------------------------------------------------------------

@@ -484,11 +484,13 @@ class AdminApi:
     async def _delete_versioned_model(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "model_name")
         version = str_field(doc, "model_version")
-        force = bool_field(doc, "force", False)
+        # Absent, as the original clipper_admin sends it: the original's behaviour (delete).
+        # Our client and CLI always say, so the version an application is served by goes only
+        # with force there (409 otherwise).
+        force = bool_field(doc, "force", True)
         if version not in self.registry.models.get(name, {}):
             raise OperationError(f"Model with name '{name}' and version '{version}' does not exist")
-        # The version is removed; its processes drain what they hold and stop. The version an
-        # application is served by goes only with force (409 otherwise).
+        # The version is removed; its processes drain what they hold and stop.
         await self.control.delete_version(name, version, force=force)
         return text_reply(f"Successfully deleted model with name '{name}' and version '{version}'")
 

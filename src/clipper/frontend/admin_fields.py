@@ -87,7 +87,8 @@ SCHEMAS: dict[str, str] = {
     "delete_model_links": '{"app_name" := string, "model_names" := [string]}',
     "set_model_version": '{"model_name" := string, "model_version" := string}',
     "delete_versioned_model": (
-        '{"model_name" := string, "model_version" := string, "force" := bool (optional)}'
+        '{"model_name" := string, "model_version" := string, "force" := bool (optional: '
+        '"absent deletes, as the original")}'
     ),
     "get_all_applications": '{"verbose" := bool}',
     "get_application": '{"name" := string}',
