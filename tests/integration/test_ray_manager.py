@@ -359,13 +359,13 @@ async def test_clipper_start_with_a_ray_manager_end_to_end(
 
         async def placed() -> bool:
             status = orjson.loads(await cli("status", "--json"))
-            return sorted(r["state"] for r in status["replicas"]) == ["running", "running"] and all(
+            return sorted(r["state"] for r in status["replicas"]) == ["ready", "ready"] and all(
                 str(r["location"]).startswith("ray:") for r in status["replicas"]
             )
 
         await wait_for(placed, limit_s=20, what="clipper status showing the ray replicas")
         assert "ray:" in await cli("status")  # the table has the location column
-        await cli("model", "delete", "m", "1")
+        await cli("model", "delete", "m", "1", "--force")  # the live version of a linked model
         assert cluster.named_actors() == []
     finally:
         fe.cleanup()

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from clipper.clock import wait_event
 from clipper.errors import ConfigError, ReplicaError
-from clipper.managers.base import ManagerContext
+from clipper.managers.base import ContainerManager, ManagerContext
 from clipper.managers.ray_settings import Placement, RaySettings, parse_ray_url, version_placement
 from clipper.registry import ModelVersion
 
@@ -101,6 +101,9 @@ class RayManager:
         return [
             (f"{r.model}-{r.version}-{r.slot}.log", r.log[-max_bytes:]) for r in self.all_replicas()
         ]
+
+    def log_files(self, name: str, version: str) -> dict[int, Path] | None:
+        return None  # the logs live on the Ray nodes, with the actors (a tail: logs())
 
     async def forget(self, name: str, version: str) -> None:
         await asyncio.sleep(0)  # the logs live with the actors, gone with them
@@ -380,7 +383,7 @@ class RayManager:
         return out
 
 
-def build_ray(rest: str, ctx: ManagerContext) -> RayManager:
+def build_ray(rest: str, ctx: ManagerContext) -> ContainerManager:
     """``ray://ADDRESS?...`` (the MANAGERS table); Ray itself is imported on first use."""
     settings = parse_ray_url(rest)
     try:
