@@ -94,11 +94,20 @@ def _free_port() -> int:
 
 def _copy_project(dest: Path) -> None:
     ignore = shutil.ignore_patterns(
-        "__pycache__", "*.pyc", ".venv*", ".mypy_cache", ".ruff_cache", ".pytest_cache"
+        "__pycache__",
+        "*.pyc",
+        ".venv*",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".pytest_cache",
+        "results",
+        "venvs",
     )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, dest / name)
-    for name in ("src", "tests"):
+    # What a clone has (tests read the docs' examples, and import benchmark and experiment
+    # helpers).
+    for name in ("src", "tests", "docs", "benchmarks", "experiments"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
 
 
