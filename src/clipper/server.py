@@ -207,6 +207,7 @@ class Clipper:
             max_body_bytes=config.max_body_bytes,
             limits=HttpLimits.query_port(config), clock=self.clock,
         )  # fmt: skip
+        self.http.on_turn = self.loop_lag.turn  # the socket wait the latency histogram adds
         self.admin = AdminApi(
             registry=self.registry,
             control=self.control,

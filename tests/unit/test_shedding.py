@@ -139,30 +139,16 @@ def test_a_request_that_arrives_too_late_is_shed_without_lag(
     assert "the request 19.0 ms old" in doc["default_explanation"]
 
 
-class TurningClock(StalledClock):
-    """Loop turns of ``turn`` seconds: a callback asked for "next turn" runs that much later."""
-
-    def __init__(self, stall: float, turn: float) -> None:
-        super().__init__(stall)
-        self.turn = turn
-
-    def call_soon(self, callback: Callable[..., object], *args: Any) -> _FakeTimer:
-        return self.call_at(self.now() + self.turn, callback, *args)
-
-
-def test_a_busy_loop_measures_its_turns_as_the_socket_wait() -> None:
-    clock = TurningClock(stall=0.004, turn=0.004)
-    mon = LoopLagMonitor(clock, interval_s=0.005)
-    mon.start()
+def test_the_mean_busy_turn_is_the_socket_wait() -> None:
+    mon = LoopLagMonitor(FakeClock())
     assert mon.socket_wait_s == 0.0
-    clock.advance(0.05)
-    assert mon.lag_s == pytest.approx(0.004)
-    assert mon.socket_wait_s == pytest.approx(0.004)  # one turn, measured turn by turn
-    clock.stall, clock.turn = 0.0, 0.0  # the loop caught up: short turns
-    clock.advance(0.05)
-    assert mon.socket_wait_s == 0.0
+    mon.turn(1.000, 1.004)  # a turn that read requests kept the loop 4 ms
+    assert mon.socket_wait_s == pytest.approx(0.004)  # half in the turn, half before it
+    for k in range(40):  # the loop caught up: short turns
+        mon.turn(2.0 + k, 2.0 + k + 0.0001)
+    assert mon.socket_wait_s == pytest.approx(0.0001, rel=0.01)
     mon.stop()
-    assert clock.pending() == 0
+    assert mon.socket_wait_s == 0.0
 
 
 def test_the_histogram_adds_the_socket_wait_and_the_deadline_does_not(
@@ -172,8 +158,7 @@ def test_the_histogram_adds_the_socket_wait_and_the_deadline_does_not(
     f = Frontend(app, ["m"])
     frontends.append(f)
     mon = lagging(f, 0.0)
-    mon.turn_s = 0.003
-    mon._turns = f.clock.call_later(3600.0, lambda: None)  # as if measuring turns now
+    mon.turn(0.0, 0.003)  # busy turns of 3 ms: 3 ms before the first read on average
     answers = Answers(f.clock)
     f.proc.predict("app", BODY, answers)
     f.clock.advance(0.001)
@@ -182,4 +167,54 @@ def test_the_histogram_adds_the_socket_wait_and_the_deadline_does_not(
     assert doc["default"] is False  # the deadline did not lose the 3 ms
     hist = f.metrics.latency.labels(app="app")
     assert hist._sum.get() == pytest.approx(0.001 + 0.003)
-    mon._turns.cancel()
+
+
+def test_the_lag_and_a_round_trip_measured_on_the_same_loop_are_not_added(
+    frontends: list[Frontend],  # noqa: F811
+) -> None:
+    """A batch's latency is a round trip on this loop: it already holds the loop's delay in
+    reading the answer. 7 ms of lag and 12 ms batches fit in the 18 ms left; adding them
+    (19 ms) shed everything at 256 connections, and then no batch ran to say otherwise."""
+    f = Frontend(single_app(), ["m"])
+    frontends.append(f)
+    answers = Answers(f.clock)
+    for k in range(3):  # the model measured at 12 ms a full batch (8)
+        f.proc.predict("app", batch_body(8 * k, 8), answers)
+        f.clock.advance(0.012)
+        f.answer("m", [7.0] * 8)
+    sched = f.schedulers[("m", "1")]
+    assert sched.batch_latency_s == pytest.approx(0.012)
+    lagging(f, 0.007)
+    f.proc.predict("app", body(100), answers)  # goes out at once: the replica is free
+    f.proc.predict("app", body(101), answers)  # queued behind it: priced at 12 ms, not 19
+    assert len(f.transport.sent) == 4
+    assert len(sched.queue) == 1
+    assert len(answers.got) == 3
+    assert not any(p["default"] for _, _, doc in answers.got for p in doc["batch_predictions"])
+
+
+def test_an_idle_model_with_a_stale_estimate_is_measured_again(
+    frontends: list[Frontend],  # noqa: F811
+) -> None:
+    """One slow batch (25 ms, over the whole budget) must not shed the model for good while
+    the loop is behind: with nothing queued and the replica free, only the lag counts."""
+    f = Frontend(single_app(), ["m"])
+    frontends.append(f)
+    answers = Answers(f.clock)
+    f.proc.predict("app", body(0), answers)
+    f.clock.advance(0.025)
+    f.answer("m", [7.0])
+    lagging(f, 0.005)
+    f.proc.predict("app", body(1), answers)
+    assert len(f.transport.sent) == 2
+    f.clock.advance(0.001)
+    f.answer("m", [8.0])
+    assert answers.got[-1][2] == {"query_id": 1, "output": 8.0, "default": False}
+
+
+def body(k: int) -> bytes:
+    return b'{"input": [%d.0]}' % k
+
+
+def batch_body(start: int, n: int) -> bytes:
+    return b'{"input_batch": [%s]}' % b", ".join(b"[%d.0]" % k for k in range(start, start + n))

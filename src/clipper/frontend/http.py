@@ -316,7 +316,10 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._broken or self._closed:
             return
-        self._chunk_at = now = self.server.clock.now()
+        server = self.server
+        self._chunk_at = now = server.clock.now()
+        if not server.turn_open:
+            server.begin_turn(now)
         if self._state != _BODY:
             if self._head_bytes == 0:
                 self._arrived = now  # a request's first byte
@@ -644,6 +647,25 @@ class HttpServer:
         self._last_refusal_log = float("-inf")
         self._server: asyncio.Server | None = None
         self.refusal = _head(503, JSON, 0, False)  # replaced in start(), once the limit is known
+        self._turn_at = 0.0
+        self.turn_open = False
+        # Told of each loop turn that read requests: (first read, end of the turn's work).
+        self.on_turn: Callable[[float, float], None] | None = None
+
+    def begin_turn(self, now: float) -> None:
+        """The loop's current turn read its first request bytes at ``now``. Under saturation
+        one turn reads hundreds of requests one after another, and a request that arrives
+        during a turn waits in its socket for the next: neither is visible from the request's
+        own first read. The turn's length, reported to :attr:`on_turn` when it ends, measures
+        both (one clock read and one callback per turn, not per request)."""
+        self._turn_at = now
+        self.turn_open = True
+        self.clock.call_soon(self._end_turn)  # runs after this turn's I/O callbacks
+
+    def _end_turn(self) -> None:
+        self.turn_open = False
+        if self.on_turn is not None:
+            self.on_turn(self._turn_at, self.clock.now())
 
     def log_refusal(self) -> None:
         """One line per 10 s at most, with the count since the last one: a flood must not

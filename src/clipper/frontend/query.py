@@ -386,8 +386,14 @@ class QueryProcessor:
         """Why a query due by ``due`` cannot make it when the frontend itself is behind
         (loop lag above noise, or the request arrived late into its budget); None to queue.
 
-        Its answer needs at least the loop's lag to be written and a batch of the model's
-        typical latency; when that ends past ``due`` it is shed now, cheaply, instead."""
+        Its answer needs at least the loop's lag to be written, and the wait that admission
+        prices for the model's queue (the work queued ahead at the replicas' throughput and
+        what is left of the batches running); when that ends past ``due`` it is shed now,
+        cheaply, instead. The batch latencies behind that wait are round trips measured on
+        this loop, so they already hold the loop's delay in reading answers: the two overlap
+        and the longer one counts. Pricing a whole batch on top of the lag shed everything at
+        256 connections, and then no batch ran to correct the estimate; a model with nothing
+        queued and a replica free prices at the lag alone, as admission does."""
         now = self.clock.now()
         mon = self.loop_lag
         lag = mon.lag_s if mon is not None else 0.0
@@ -395,7 +401,7 @@ class QueryProcessor:
             lag = 0.0
             if now - t0 < LATE_ARRIVAL_SHARE * (due - t0):
                 return None
-        finish = now + lag + sched.batch_latency_s
+        finish = now + (max(lag, sched.expected_latency_s()) if sched.queue else lag)
         if finish <= due:
             return None
         return (
