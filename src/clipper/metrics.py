@@ -113,6 +113,13 @@ class Metrics:
             ["model", "version"],
             registry=r,
         )
+        self.admission_probes = Counter(
+            "clipper_model_admission_probes",
+            "Times admission let every query in for one SLO after a second of shedding "
+            "nearly all of them, to measure the model again",
+            ["model", "version"],
+            registry=r,
+        )
 
         # Rollouts (clipper.frontend.traffic): where a split sent queries, and how a shadow
         # version's answers compare with the real ones.
@@ -198,6 +205,7 @@ class Metrics:
             self.cache_hits,
             self.cache_misses,
             self.model_errors,
+            self.admission_probes,
             self.artifact_fetches,
             self.split_requests,
             self.split_fallbacks,

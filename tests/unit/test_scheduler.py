@@ -5,6 +5,7 @@ loss, model errors, admission, drains. The scheduler arms its timer on the fake 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -450,6 +451,53 @@ async def test_a_free_replica_and_an_empty_queue_always_admit(harness_factory: A
     h.respond(0)
     h.sched.submit(h.task(b"next", slo_s=0.15))  # admitted: measured again
     assert len(h.sched.queue) == 1
+
+
+async def test_a_second_of_shedding_nearly_everything_starts_a_probe_of_one_slo(
+    harness_factory: Any,
+) -> None:
+    """Batches that look slow only because the frontend's loop is saturated make admission
+    shed everything, and then nothing shows the model recovered: after a second with at
+    least 98% of 100+ queries shed, admission lets every query in for one SLO."""
+    h = harness_factory(batching=fixed(1), queue_capacity=1000)
+    h.replica()
+    h.submit(b"slow")
+    h.clock.advance(0.3)  # one input per 300 ms: over any 150 ms deadline once busy
+    h.respond(0)
+    h.submit(b"busy")
+    started = h.clock.now()
+    for k in range(400):  # all priced late, 9 ms apart
+        try:
+            h.sched.submit(h.task(b"q%d" % k, slo_s=0.15))
+        except OverloadedError:
+            h.clock._t += 0.009  # no timers: the replica stays busy, the queue empty
+            continue
+        break
+    assert h.sched.probes == 1
+    assert h.clock.now() - started >= 1.0  # a full second of shedding came first
+    assert len(h.sched.queue) == 1  # the query that started the probe
+    for k in range(3):  # and for one SLO (1 s here) everything is admitted
+        h.sched.submit(h.task(b"p%d" % k, slo_s=0.15))
+    assert len(h.sched.queue) == 4
+    h.clock._t += SLO_S
+    with pytest.raises(OverloadedError):  # the probe is over: priced as before
+        h.sched.submit(h.task(b"after", slo_s=0.15))
+    assert h.sched.probes == 1
+
+
+async def test_no_probe_while_admission_still_admits_a_share(harness_factory: Any) -> None:
+    """Ordinary overload (half the queries shed) is priced, never probed."""
+    h = harness_factory(batching=fixed(1), queue_capacity=1000)
+    h.replica()
+    h.submit(b"slow")
+    h.clock.advance(0.3)
+    h.respond(0)
+    h.submit(b"busy")
+    for k in range(300):
+        with contextlib.suppress(OverloadedError):
+            h.sched.submit(h.task(b"q%d" % k, slo_s=0.15 if k % 2 else 100.0))
+        h.clock._t += 0.01
+    assert h.sched.probes == 0
 
 
 # -- timers on the fake clock: batch wait, deadlines, drains --------------------------------

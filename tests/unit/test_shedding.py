@@ -218,3 +218,16 @@ def body(k: int) -> bytes:
 
 def batch_body(start: int, n: int) -> bytes:
     return b'{"input_batch": [%s]}' % b", ".join(b"[%d.0]" % k for k in range(start, start + n))
+
+
+def test_a_loop_behind_does_not_shed_while_admission_probes(
+    frontends: list[Frontend],  # noqa: F811
+) -> None:
+    f = Frontend(single_app(), ["m"])
+    frontends.append(f)
+    lagging(f, 0.019)  # would shed at once (see above)
+    sched = f.schedulers[("m", "1")]
+    sched._probe_until = f.clock.now() + 0.02  # as if a probe had just started
+    answers = Answers(f.clock)
+    f.proc.predict("app", BODY, answers)
+    assert len(f.transport.sent) == 1 and answers.got == []

@@ -71,6 +71,13 @@ class Transport(Protocol):
         ...
 
 
+# Admission probes (ModelScheduler._probe): at most one a second, after a second in which
+# at least this share of at least this many offered queries was shed.
+PROBE_EVERY_S = 1.0
+PROBE_SHED_SHARE = 0.98
+PROBE_MIN_OFFERED = 100
+
+
 class ModelScheduler:
     def __init__(
         self,
@@ -105,6 +112,7 @@ class ModelScheduler:
         self._metrics = metrics
         self._batch_size = metrics.batch_size.labels(**labels)
         self._errors = metrics.model_errors.labels(**labels)
+        self._probes = metrics.admission_probes.labels(**labels)
         self._error_log = ModelErrorLog(f"{mv.name}:{mv.version}", clock)
         self._replica_gauge = metrics.replicas.labels(**labels)
         metrics.queue_depth.labels(**labels).set_function(lambda: len(self.queue))
@@ -116,6 +124,12 @@ class ModelScheduler:
         self.offered = 0
         self.shed = 0
         self.late = 0
+        # Probing (see _probe): admission lets everything in until _probe_until.
+        self.probes = 0
+        self._probe_until = float("-inf")
+        self._window_at = clock.now()
+        self._window_offered = 0
+        self._window_shed = 0
 
     # replicas
     def _new_controller(self) -> BatchController:
@@ -199,7 +213,7 @@ class ModelScheduler:
                 wait += running
             if late and not q and self._free_replica() is not None:
                 late = False
-            if late:
+            if late and not self._probe(task.enqueued_at):
                 self.shed += 1
                 raise OverloadedError(
                     f"model {self.mv.name}:{self.mv.version} has {len(q)} queries queued, "
@@ -211,6 +225,40 @@ class ModelScheduler:
                 f"model {self.mv.name}:{self.mv.version} queue is full ({q.capacity} queries)"
             )
         self._wait.arrived(task.enqueued_at)
+
+    def probing(self, now: float) -> bool:
+        """Whether admission is letting every query in to measure the model again."""
+        return now < self._probe_until
+
+    def _probe(self, now: float) -> bool:
+        """True to admit a query priced late: while a probe runs, or when one starts now.
+
+        Admission prices queries with batch latencies measured on the frontend's own loop.
+        When that loop saturates (a closed loop of hundreds of clients, and the CPU shared
+        with the replicas), instant shed answers bring every client straight back, the loop
+        never idles, the replica waits for CPU, every batch looks slow, and admission sheds
+        everything: a state that sustains itself, with no batch ever showing it is over.
+        So when a second passes with at least 98% of the queries offered shed, admission
+        lets every query in for one SLO: they queue, their clients wait for answers instead
+        of coming straight back, and the batches measure the model again. If it really is
+        that slow, the cost is one SLO of late answers a second."""
+        if now < self._probe_until:
+            return True
+        if now - self._window_at < PROBE_EVERY_S:
+            return False
+        offered = self.offered - self._window_offered
+        shed = self.shed - self._window_shed
+        self._window_at, self._window_offered, self._window_shed = now, self.offered, self.shed
+        if offered >= PROBE_MIN_OFFERED and shed >= PROBE_SHED_SHARE * offered:
+            self.probes += 1
+            self._probes.inc()
+            log.info(
+                "model %s:%s shed %d of %d queries in the last second: admitting every query "
+                "for one SLO to measure it again", self.mv.name, self.mv.version, shed, offered,
+            )  # fmt: skip
+            self._probe_until = now + self.slo_s
+            return True
+        return False
 
     @property
     def batch_latency_s(self) -> float:

@@ -401,6 +401,8 @@ class QueryProcessor:
             lag = 0.0
             if now - t0 < LATE_ARRIVAL_SHARE * (due - t0):
                 return None
+        if sched.probing(now):
+            return None  # admission is measuring the model again (ModelScheduler._probe)
         finish = now + (max(lag, sched.expected_latency_s()) if sched.queue else lag)
         if finish <= due:
             return None
