@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import pytest
 import pytest_asyncio
 
 from clipper.server import Clipper
@@ -37,3 +38,10 @@ async def inproc_frontend() -> AsyncIterator[InProcessFrontend]:
 async def frontend_on_port_0() -> AsyncIterator[Clipper]:
     async with Clipper(query_port=0, rpc_port=0, admin_port=0) as c:
         yield c
+
+
+@pytest.fixture
+def trust_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission prices queues after one measured batch (in service, after a few): for tests
+    whose arithmetic follows a single batch."""
+    monkeypatch.setattr("clipper.batching.scheduler.TRUSTED_AFTER_BATCHES", 1)

@@ -253,6 +253,7 @@ def test_resolve_combines_references() -> None:
 
 def test_a_models_expected_latency_prices_its_queue_as_its_admission_does(
     frontends: list[Frontend],
+    trust_one_batch: None,
 ) -> None:
     f = PipelineFrontend({"a": InputType.JSON}, {"stages": [{"name": "a", "model": "a"}]})
     frontends.append(f)

@@ -403,6 +403,7 @@ async def test_submit_raises_overloaded_when_the_queue_is_full(harness_factory: 
 
 async def test_submit_sheds_what_the_measured_capacity_cannot_serve_in_time(
     harness_factory: Any,
+    trust_one_batch: None,
 ) -> None:
     h = harness_factory(batching=fixed(1))
     h.replica()
@@ -429,6 +430,7 @@ async def test_close_answers_queued_and_in_flight_tasks(harness_factory: Any) ->
 
 async def test_submit_counts_the_running_batch_when_every_replica_is_busy(
     harness_factory: Any,
+    trust_one_batch: None,
 ) -> None:
     h = harness_factory(batching=fixed(1))
     h.replica()
@@ -441,7 +443,9 @@ async def test_submit_counts_the_running_batch_when_every_replica_is_busy(
         h.sched.submit(h.task(b"behind", slo_s=0.15))
 
 
-async def test_a_free_replica_and_an_empty_queue_always_admit(harness_factory: Any) -> None:
+async def test_a_free_replica_and_an_empty_queue_always_admit(
+    harness_factory: Any, trust_one_batch: None
+) -> None:
     # A cold first batch made the model look slower than any SLO; shedding everything from
     # then on would never measure it again.
     h = harness_factory(batching=fixed(1))
@@ -453,8 +457,27 @@ async def test_a_free_replica_and_an_empty_queue_always_admit(harness_factory: A
     assert len(h.sched.queue) == 1
 
 
+async def test_a_fresh_models_first_burst_is_not_priced_from_one_cold_batch(
+    harness_factory: Any,
+) -> None:
+    """A cold first batch of one (50 ms), extrapolated to the 300 queries queued behind it,
+    priced them at 15 s and shed the rest of a fresh model's first burst under a 10 s SLO.
+    Admission trusts the measurements after a few batches."""
+    h = harness_factory(batching=BatchingConfig(max_wait_micros=1000), queue_capacity=5000)
+    h.replica()
+    h.submit(b"first", slo_s=10.0)
+    for k in range(300):
+        h.sched.submit(h.task(b"q%d" % k, slo_s=10.0))
+    h.clock._t += 0.05
+    h.respond(0)
+    for k in range(700):
+        h.sched.submit(h.task(b"r%d" % k, slo_s=10.0))  # none shed
+    assert len(h.sched.queue) + sum(len(t) for _, _, t in h.transport.sent) == 1001
+
+
 async def test_a_second_of_shedding_nearly_everything_starts_a_probe_of_one_slo(
     harness_factory: Any,
+    trust_one_batch: None,
 ) -> None:
     """Batches that look slow only because the frontend's loop is saturated make admission
     shed everything, and then nothing shows the model recovered: after a second with at
@@ -485,7 +508,9 @@ async def test_a_second_of_shedding_nearly_everything_starts_a_probe_of_one_slo(
     assert h.sched.probes == 1
 
 
-async def test_no_probe_while_admission_still_admits_a_share(harness_factory: Any) -> None:
+async def test_no_probe_while_admission_still_admits_a_share(
+    harness_factory: Any, trust_one_batch: None
+) -> None:
     """Ordinary overload (half the queries shed) is priced, never probed."""
     h = harness_factory(batching=fixed(1), queue_capacity=1000)
     h.replica()

@@ -171,6 +171,7 @@ def test_the_histogram_adds_the_socket_wait_and_the_deadline_does_not(
 
 def test_the_lag_and_a_round_trip_measured_on_the_same_loop_are_not_added(
     frontends: list[Frontend],  # noqa: F811
+    trust_one_batch: None,
 ) -> None:
     """A batch's latency is a round trip on this loop: it already holds the loop's delay in
     reading the answer. 7 ms of lag and 12 ms batches fit in the 18 ms left; adding them
@@ -195,6 +196,7 @@ def test_the_lag_and_a_round_trip_measured_on_the_same_loop_are_not_added(
 
 def test_an_idle_model_with_a_stale_estimate_is_measured_again(
     frontends: list[Frontend],  # noqa: F811
+    trust_one_batch: None,
 ) -> None:
     """One slow batch (25 ms, over the whole budget) must not shed the model for good while
     the loop is behind: with nothing queued and the replica free, only the lag counts."""

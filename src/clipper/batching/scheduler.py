@@ -71,6 +71,10 @@ class Transport(Protocol):
         ...
 
 
+# Admission prices queues with the batch latencies measured so far only after this many
+# batches: it admits everything before (0 capacity means "not known yet").
+TRUSTED_AFTER_BATCHES = 8
+
 # Admission probes (ModelScheduler._probe): at most one a second, after a second in which
 # at least this share of at least this many offered queries was shed.
 PROBE_EVERY_S = 1.0
@@ -105,6 +109,7 @@ class ModelScheduler:
         self._in_flight_cap = mv.batching.in_flight
         self._capacity_rps = 0.0
         self._batch_latency = 0.0
+        self._measured = 0  # batches answered: admission sheds only once it trusts them
         self._adaptive = mv.batching.controller != "fixed"
         self._hard_max = mv.batching.max_batch_size or 4096
         self.closed = False
@@ -295,6 +300,11 @@ class ModelScheduler:
         (0 = not known yet, admit). An adaptive controller grows its batches while they come
         back full, so a longer queue is priced at the batch size it will grow to, not at
         today's cap; that keeps the ramp-up after a start or a burst from shedding."""
+        if self._measured < TRUSTED_AFTER_BATCHES:
+            # A handful of batches, the first of them cold, extrapolated to a burst's queue
+            # priced 300 queries at 15 s and shed a fresh model's first burst under a 10 s SLO.
+            self._capacity_rps = 0.0
+            return
         total = 0.0
         batch_latency = float("inf")
         queued = len(self.queue)
@@ -414,6 +424,7 @@ class ModelScheduler:
         c = replica.controller
         assert c is not None
         c.observe(len(tasks), latency)
+        self._measured += 1
         replica.latency_metric.observe(latency)
         self._update_capacity()
         if error is None and outputs is not None and len(outputs) != len(tasks):
