@@ -144,9 +144,10 @@ def test_the_mean_busy_turn_is_the_socket_wait() -> None:
     assert mon.socket_wait_s == 0.0
     mon.turn(1.000, 1.004)  # a turn that read requests kept the loop 4 ms
     assert mon.socket_wait_s == pytest.approx(0.004)  # half in the turn, half before it
-    for k in range(40):  # the loop caught up: short turns
-        mon.turn(2.0 + k, 2.0 + k + 0.0001)
-    assert mon.socket_wait_s == pytest.approx(0.0001, rel=0.01)
+    mon.turn(1.0041, 1.0051)  # back to back: a moving average
+    assert mon.socket_wait_s == pytest.approx(0.8 * 0.004 + 0.2 * 0.001)
+    mon.turn(2.0, 2.0001)  # after the loop idled: nothing waited for it, start afresh
+    assert mon.socket_wait_s == pytest.approx(0.0001)
     mon.stop()
     assert mon.socket_wait_s == 0.0
 

@@ -24,6 +24,7 @@ class LoopLagMonitor:
         "_decay",
         "_due",
         "_timer",
+        "_turn_ended",
         "interval_s",
         "lag_s",
         "samples",
@@ -41,6 +42,7 @@ class LoopLagMonitor:
         # How long the loop's turns that read requests keep it busy (EWMA), from the HTTP
         # server's turn boundaries (:meth:`turn`).
         self.turn_s = 0.0
+        self._turn_ended = float("-inf")
 
     @property
     def running(self) -> bool:
@@ -61,7 +63,14 @@ class LoopLagMonitor:
         """A loop turn read requests from ``began_at`` (its first read) until ``ended_at`` (its
         reads and what they queued were done)."""
         busy = ended_at - began_at
-        self.turn_s = busy if self.turn_s == 0.0 else 0.8 * self.turn_s + 0.2 * busy
+        idle = began_at - self._turn_ended
+        self._turn_ended = ended_at
+        # After the loop idled longer than a turn, nothing waited for it: start afresh rather
+        # than let the last burst's long turns inflate the next quiet requests.
+        if self.turn_s == 0.0 or idle > 2.0 * self.turn_s:
+            self.turn_s = busy
+        else:
+            self.turn_s = 0.8 * self.turn_s + 0.2 * busy
 
     @property
     def socket_wait_s(self) -> float:
