@@ -400,8 +400,8 @@ class QueryProcessor:
         cheaply, instead. The batch latencies behind that wait are round trips measured on
         this loop, so they already hold the loop's delay in reading answers: the two overlap
         and the longer one counts. Pricing a whole batch on top of the lag shed everything at
-        256 connections, and then no batch ran to correct the estimate; a model with nothing
-        queued and a replica free prices at the lag alone, as admission does."""
+        256 connections, and then no batch ran to correct the estimate. A model with nothing
+        queued prices at the lag alone: the query goes into the next batch."""
         now = self.clock.now()
         mon = self.loop_lag
         lag = mon.lag_s if mon is not None else 0.0
