@@ -21,6 +21,18 @@ __all__ = ["DoublesReader"]
 _KEYS = frozenset(("input", "version", "uid"))
 
 
+def _new_parser() -> Any:
+    """A simdjson parser, or None without simdjson or on a big-endian machine (the wire
+    carries little-endian doubles)."""
+    if sys.byteorder != "little":
+        return None
+    try:
+        import simdjson
+    except ImportError:  # pragma: no cover - a core dependency; the general path without it
+        return None
+    return simdjson.Parser()
+
+
 class DoublesReader:
     """One parser for the event loop's thread (simdjson parsers are not shared across
     threads, and each parse invalidates the previous document: results are copied out)."""
@@ -28,13 +40,7 @@ class DoublesReader:
     __slots__ = ("_parser",)
 
     def __init__(self) -> None:
-        self._parser: Any = None
-        if sys.byteorder == "little":  # the wire carries little-endian doubles
-            try:
-                import simdjson
-            except ImportError:  # pragma: no cover - a core dependency; kept optional
-                return
-            self._parser = simdjson.Parser()
+        self._parser: Any = _new_parser()
 
     @property
     def available(self) -> bool:
@@ -53,9 +59,7 @@ class DoublesReader:
         except (ValueError, TypeError, AttributeError, KeyError):
             return None
         except RuntimeError:  # a document still referenced: never, but never stuck either
-            import simdjson
-
-            self._parser = simdjson.Parser()
+            self._parser = _new_parser()
             return None
 
 

@@ -274,14 +274,13 @@ class QueryProcessor:
         fast = self._doubles.read(body) if itype is InputType.DOUBLES else None
         if fast is not None:
             payload, version, raw_uid = fast
-            uid = "" if raw_uid is None else str(raw_uid)
-            self.predict_payloads(app, [payload], version, uid, reply, t0, slo_s)
-            return
-        items, version, uid = self._parse_predict(app, body)
-        # Only true/false hold an "e" among JSON's non-string tokens besides exponents, and a
-        # one-byte search is 20x cheaper than searching for the words; "e" means scan types.
-        bools = b"e" in body
-        payloads = [parse_input(itype, item, may_hold_bools=bools) for item in items]
+            payloads, uid = [payload], parse_uid(raw_uid)
+        else:
+            items, version, uid = self._parse_predict(app, body)
+            # Only true/false hold an "e" among JSON's non-string tokens besides exponents, and
+            # a one-byte search is 20x cheaper than searching for the words; "e": scan types.
+            bools = b"e" in body
+            payloads = [parse_input(itype, item, may_hold_bools=bools) for item in items]
         self.predict_payloads(app, payloads, version, uid, reply, t0, slo_s)
 
     def predict_payloads(  # noqa: PLR0917 (the hot path: no keyword packing)
