@@ -68,9 +68,10 @@ async def run(args: argparse.Namespace) -> None:
     model = _make_model(args.model)
     async with Clipper(query_port=args.query_port, rpc_port=args.rpc_port, admin_port=0) as clipper:
         if args.no_shed:  # the "before" of load shedding: never shed for loop lag
-            clipper.processor.loop_lag = None
+            clipper.query.single.loop_lag = None
+            clipper.query.split.loop_lag = None
         if args.no_socket_wait:  # the "before" of counting the socket wait in the histogram
-            clipper.processor.socket_wait_s = lambda: 0.0  # type: ignore[method-assign]
+            clipper.query.answers.loop_lag = None
         await clipper.register_application(
             APP,
             input_type="doubles",

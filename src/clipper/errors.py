@@ -11,13 +11,13 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │   ├── BadInputError      malformed JSON, wrong input type, missing keys (400)
     │   ├── NotFoundError      unknown application or route (404)
     │   ├── PayloadTooLarge    body over the configured limit (413)
-    │   ├── QueryRejected      overload answered with 503, not a default [frontend.query]
-    │   ├── QueryProcessingError  a query the query path refuses (400) [frontend.query]
-    │   ├── Misconfigured      a policy its links cannot serve (503) [frontend.ensemble]
-    │   ├── NoPrediction       feedback for an input no model answered (503) [frontend.ensemble]
-    │   ├── FeedbackError      feedback that failed while learned from (400) [frontend.ensemble]
+    │   ├── QueryRejected      overload answered with 503, not a default [query.prediction]
+    │   ├── QueryProcessingError  a query the query path refuses (400) [query.prediction]
+    │   ├── Misconfigured      a policy its links cannot serve (503) [query.selection]
+    │   ├── NoPrediction       feedback for an input no model answered (503) [query.selection]
+    │   ├── FeedbackError      feedback that failed while learned from (400) [query.selection]
     │   ├── AnswerFailed       an accepted query whose answer could not be encoded (500)
-    │   │                      [frontend.prediction]
+    │   │                      [query.prediction]
     │   └── ModelFailed        a model raised, answered as an error (500 / INTERNAL)
     │                          [frontend.model_failure]
     ├── RegistryError          applications, models, links: duplicate, unknown, incompatible

@@ -121,7 +121,7 @@ class Metrics:
             registry=r,
         )
 
-        # Rollouts (clipper.frontend.traffic): where a split sent queries, and how a shadow
+        # Rollouts (clipper.query.traffic): where a split sent queries, and how a shadow
         # version's answers compare with the real ones.
         self.split_requests = Counter(
             "clipper_split_requests",

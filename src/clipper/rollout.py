@@ -9,7 +9,7 @@ laid out in sorted order on [0, 1), so in a split of two, growing one version's 
 moves users onto it.
 
 A shadow is a version that also gets a ``share`` (0 to 1) of the queries; its answers are only
-compared with the real ones, never returned (:mod:`clipper.frontend.traffic` runs it).
+compared with the real ones, never returned (:mod:`clipper.query.traffic` runs it).
 """
 
 from __future__ import annotations

@@ -32,24 +32,21 @@ from clipper.dashboard import Dashboard
 from clipper.deployers import package
 from clipper.errors import ClipperError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
-from clipper.frontend.ensemble import SelectionRuntime
 from clipper.frontend.http import HttpLimits, HttpServer
-from clipper.frontend.loop_lag import LoopLagMonitor
-from clipper.frontend.query import QueryProcessor
 from clipper.frontend.routes import AdminRoutes, QueryRoutes
-from clipper.frontend.traffic import Traffic
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager, ManagerContext, open_manager
 from clipper.metrics import Metrics
 from clipper.metrics_window import MetricsWindow
 from clipper.persistence import StoreSync
-from clipper.pipeline.run import PipelineRuntime
+from clipper.query.loop_lag import LoopLagMonitor
+from clipper.query.runtime import QueryServices, build_query_runtime
 from clipper.registry import Application, ModelVersion, Registry
 from clipper.rollout import Rollout, with_shadow, with_split
 from clipper.rpc.artifacts import ArtifactServer
 from clipper.rpc.server import RpcServer
 from clipper.runtime.autoscaler import Autoscaler
-from clipper.runtime.catalog import Catalog, QueryServices
+from clipper.runtime.catalog import Catalog, SchedulerTable
 from clipper.runtime.control import Control
 from clipper.runtime.ports import binding
 from clipper.runtime.reconciler import Reconciler
@@ -101,33 +98,25 @@ class Clipper:
         # Recent rates and latencies per application, for the admin status.
         self.metrics_window = MetricsWindow(self.metrics, self.clock)
         self.cache = PredictionCache(config.cache_bytes, config.cache_policy)
-        self.schedulers: dict[tuple[str, str], ModelScheduler] = {}
+        # The read side: the schedulers serving now (the reconciler writes them) and the one
+        # reader of "which scheduler serves model M", links and readiness.
+        self.schedulers = SchedulerTable()
+        self.catalog = Catalog(self.registry, self.schedulers)
         self.store: Store = open_store(config.store)
         self.sync = StoreSync(self.registry, self.store)
         # How late the event loop runs: the processor sheds what a backlog makes late.
         self.loop_lag = LoopLagMonitor(self.clock)
         monitor = self.loop_lag
         self.metrics.loop_lag.set_function(lambda: monitor.lag_s)
-        self.processor = QueryProcessor(
-            registry=self.registry,
-            cache=self.cache,
-            clock=self.clock,
-            metrics=self.metrics,
-            schedulers=self.schedulers,
-            max_items=config.max_items_per_request,
-            loop_lag=self.loop_lag,
-        )
-        self.processor.selection = SelectionRuntime(
-            self.processor, persist=self._persist_state, fetch=self._fetch_state
-        )
-        self.processor.on_feedback = self._send_update
-        self.processor.pipelines = PipelineRuntime(self.processor)
-        self.traffic = Traffic(
-            self.registry, self.schedulers, clock=self.clock, metrics=self.metrics
-        )
-        self.processor.traffic = self.traffic
+        self.query = build_query_runtime(
+            self.catalog, self.cache, clock=self.clock, metrics=self.metrics,
+            max_items=config.max_items_per_request, loop_lag=self.loop_lag,
+            persist=self._persist_state, fetch=self._fetch_state, on_feedback=self._send_update,
+        )  # fmt: skip
+        self.processor = self.query.processor
+        self.traffic = self.query.traffic
         self.directory = ReplicaDirectory(
-            self.schedulers,
+            self.catalog,
             clock=self.clock,
             replica_timeout_s=config.replica_timeout_s,
             v3_replica_timeout_s=config.v3_replica_timeout_s,
@@ -184,23 +173,24 @@ class Clipper:
             self.registry,
             self.sync,
             self.reconciler,
-            self.schedulers,
+            self.catalog,
             self.manager,
             node_id=config.node_id or "",
         )
         self.autoscaler = Autoscaler(
             self.registry,
             self.control,
-            self.schedulers,
+            self.catalog,
             clock=self.clock,
             metrics_registry=self.metrics.registry,
         )
-        self.catalog = Catalog(self.registry, self.schedulers)
         self.services = QueryServices(
             catalog=self.catalog,
             processor=self.processor,
             metrics=self.metrics,
+            clock=self.clock,
             queue_capacity=config.queue_capacity,
+            max_items=config.max_items_per_request,
         )
         self.http = HttpServer(
             QueryRoutes(self.services), host=config.host, port=config.query_port,
@@ -211,7 +201,7 @@ class Clipper:
         self.admin = AdminApi(
             registry=self.registry,
             control=self.control,
-            schedulers=self.schedulers,
+            catalog=self.catalog,
             manager=self.manager,
             metrics=self.metrics,
             clock=self.clock,
@@ -224,11 +214,9 @@ class Clipper:
         )
         self.dashboard: Dashboard | None = None
         if config.dashboard_sample_s > 0:
-            selection = self.processor.selection
             self.dashboard = Dashboard(
-                clock=self.clock, metrics=self.metrics, registry=self.registry,
-                schedulers=self.schedulers, manager=self.manager,
-                selection=selection.current if selection is not None else lambda _: None,
+                clock=self.clock, metrics=self.metrics, catalog=self.catalog,
+                manager=self.manager, selection=self.query.selection.current,
                 interval_s=config.dashboard_sample_s, history_s=config.dashboard_history_s,
                 max_clients=config.dashboard_max_clients,
                 token_required=config.admin_token is not None,
@@ -309,8 +297,7 @@ class Clipper:
                 with binding("grpc_port", self.config.grpc_port or 0):
                     await self.grpc.start()
                 stack.push_async_callback(self.grpc.stop)
-            if self.processor.selection is not None:
-                stack.push_async_callback(self.processor.selection.stop)
+            stack.push_async_callback(self.query.selection.stop)
             # First to run at stop: admin operations under way are cancelled (and roll back)
             # while the store and the runtime are still there.
             stack.push_async_callback(self.admin.stop)
@@ -614,15 +601,10 @@ class Clipper:
             sched.close(ReplicaError("the frontend is shutting down"))
 
     def _forget_app(self, name: str) -> None:
-        if self.processor.pipelines is not None:
-            self.processor.pipelines.forget(name)
-        if self.processor.selection is not None:
-            self.processor.selection.forget(name)
         self.processor.forget_app(name)
 
     def _forget_version(self, name: str, version: str) -> None:
         self.processor.forget_version(name, version)
-        self.traffic.forget_version(name, version)
         self.artifacts.forget(name, version)
 
     def _advertised_host(self) -> str:
@@ -662,7 +644,7 @@ class Clipper:
         """Online learning: the feedback goes on to one replica of each model that answered
         (replicas of a version learn independently; documented)."""
         for model in models:
-            sched = self.schedulers.get((model, self.registry.current.get(model, "")))
+            sched = self.catalog.scheduler(model)
             replica = next((r for r in sched.replicas if r.fast), None) if sched else None
             if replica is None:
                 log.debug("no fast replica of %s takes online updates", model)

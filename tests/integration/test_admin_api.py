@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from clipper import Clipper, ConfigError, FrontendConfig
-from clipper.frontend.query import NO_MODELS, SLO_MISSED
+from clipper.query.prediction import NO_MODELS, SLO_MISSED
 from tests.integration.helpers import (
     Response,
     pid_alive,

@@ -14,8 +14,8 @@ import pytest
 
 from clipper import BatchingConfig, Clipper, RegistryError
 from clipper.batching.scheduler import Replica
-from clipper.frontend.query import NO_MODELS, SLO_MISSED
 from clipper.managers.base import ReplicaStatus
+from clipper.query.prediction import NO_MODELS, SLO_MISSED
 from tests.integration import models
 from tests.integration.helpers import Response, pid_alive, predict, predict_ok, request, wait_for
 

@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from clipper import BatchingConfig, Clipper
-from clipper.frontend.query import NO_MODELS
+from clipper.query.prediction import NO_MODELS
 from tests.integration import models
 from tests.integration.helpers import predict, predict_ok, request
 

@@ -18,7 +18,7 @@ import pytest_asyncio
 
 import clipper as clipper_pkg
 from clipper import BatchingConfig, Clipper
-from clipper.frontend.query import NO_MODELS
+from clipper.query.prediction import NO_MODELS
 from tests.integration import models
 from tests.integration.helpers import post_json, request
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from clipper.frontend.admin_fields import SCHEMAS
-from clipper.frontend.query import NO_MODELS
+from clipper.query.prediction import NO_MODELS
 from tests.inprocess import InProcessFrontend, RouterClient, RouterResponse, in_process_frontend
 
 SLO_US = 2_000_000

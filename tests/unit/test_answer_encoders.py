@@ -14,11 +14,10 @@ import pytest
 
 from clipper.errors import BadInputError, NotFoundError
 from clipper.frontend import v2
-from clipper.frontend.prediction import DefaultReason, Prediction
-from clipper.frontend.query import NO_MODELS, SLO_MISSED, QueryRejected
 from clipper.frontend.routes import RestReply, encode_predictions
 from clipper.frontend.v2_request import InferRequest, InputTensor, input_payloads
 from clipper.inputs import InputType
+from clipper.query.prediction import NO_MODELS, SLO_MISSED, DefaultReason, Prediction, QueryRejected
 from clipper.registry import Application
 
 HAS_GRPC = importlib.util.find_spec("grpc") is not None
@@ -74,7 +73,7 @@ def test_rest_reply_renders_answers_and_refusals() -> None:
 
 
 def test_rest_reply_renders_feedback_outcomes() -> None:
-    from clipper.frontend.ensemble import FeedbackError, NoPrediction
+    from clipper.query.selection import FeedbackError, NoPrediction
 
     got: list[tuple[int, bytes, bytes]] = []
     reply = RestReply(lambda status, data, ctype=b"": got.append((status, data, ctype)))
@@ -323,8 +322,8 @@ def test_a_query_whose_answer_raises_in_a_callback_is_failed_with_500() -> None:
     an exception while answering into a 500 for that request, and does not raise."""
     from types import SimpleNamespace
 
-    from clipper.frontend.prediction import AnswerFailed
-    from clipper.frontend.query import _Query
+    from clipper.query.prediction import AnswerFailed
+    from clipper.query.single import _Query
 
     class Raising:
         def __init__(self) -> None:

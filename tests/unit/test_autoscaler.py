@@ -21,6 +21,7 @@ from clipper.registry import Intent, ModelVersion, Registry
 from clipper.runtime.autoscaler import Autoscaler, replica_capacity
 from clipper.runtime.control import Control
 from clipper.scaling import AutoscaleConfig
+from tests.catalogs import catalog_of
 
 ME = "node-me"
 INTERVAL = 1.0
@@ -100,7 +101,7 @@ class Harness:
         self.autoscaler = Autoscaler(
             self.registry,
             cast(Control, self.control),
-            cast(dict[tuple[str, str], ModelScheduler], {mv.key: self.sched}),
+            catalog_of(self.registry, {mv.key: self.sched}),
             clock=self.clock,
             metrics_registry=self.metrics,
         )

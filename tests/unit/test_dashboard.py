@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from clipper.batching.scheduler import ModelScheduler, Replica
+from clipper.batching.scheduler import Replica
 from clipper.clock import FakeClock
 from clipper.dashboard.events import EventHub, encode_event
 from clipper.dashboard.history import History
@@ -24,6 +24,7 @@ from clipper.managers.local import ReplicaProcess
 from clipper.metrics import Metrics, histogram_quantile
 from clipper.registry import Application, ModelVersion, Registry
 from clipper.selection import make_policy
+from tests.catalogs import catalog_of
 
 # -- the rings ---------------------------------------------------------------------------------
 
@@ -131,8 +132,7 @@ def _world(interval_s: float = 1.0, capacity: int = 60) -> World:
     schedulers = {("m", "1"): FakeScheduler()}
     manager = FakeManager()
     sampler = Sampler(
-        clock=clock, metrics=metrics, registry=registry,
-        schedulers=cast(dict[tuple[str, str], ModelScheduler], schedulers),
+        clock=clock, metrics=metrics, catalog=catalog_of(registry, schedulers),
         manager=cast(ContainerManager, manager), selection=lambda _: None,
         history=History(capacity, 100), interval_s=interval_s,
     )  # fmt: skip
@@ -260,11 +260,7 @@ def test_replica_states_join_the_process_and_the_connection() -> None:
         _proc(4, pid=104, restarts=2),  # restarted, not connected yet: still restarting
         _proc(5, pid=105, stopping=True),
     ]
-    state = runtime_state(
-        w.registry,
-        cast(dict[tuple[str, str], ModelScheduler], w.schedulers),
-        cast(ContainerManager, w.manager),
-    )
+    state = runtime_state(catalog_of(w.registry, w.schedulers), cast(ContainerManager, w.manager))
     by_slot = {r["slot"]: r for r in state["replicas"]}
     assert {s: r["state"] for s, r in by_slot.items()} == {
         0: "ready", 1: "starting", 2: "restarting", 3: "draining", 4: "restarting",

@@ -26,6 +26,7 @@ from clipper.inputs import InputType
 from clipper.managers.base import ExternalManager
 from clipper.metrics import Metrics
 from clipper.registry import Application, Registry
+from tests.catalogs import catalog_of
 from tests.integration.helpers import wait_for
 
 TOKEN = "s3cret"
@@ -52,7 +53,7 @@ async def serving(token: str | None, **options: Any) -> AsyncIterator[Served]:
     """A dashboard behind the admin routes on a real loopback port; stopped on exit."""
     clock, metrics, registry = FakeClock(), Metrics(), Registry()
     dashboard = Dashboard(
-        clock=clock, metrics=metrics, registry=registry, schedulers={},
+        clock=clock, metrics=metrics, catalog=catalog_of(registry, {}),
         manager=ExternalManager(), selection=lambda _: None, interval_s=1.0, history_s=10.0,
         token_required=token is not None, **options,
     )  # fmt: skip

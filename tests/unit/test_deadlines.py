@@ -18,13 +18,15 @@ from clipper.cache import PredictionCache
 from clipper.clock import FakeClock
 from clipper.config import BatchingConfig
 from clipper.errors import ReplicaError, RequestError
-from clipper.frontend.ensemble import SelectionRuntime
-from clipper.frontend.prediction import Prediction
-from clipper.frontend.query import SLO_MISSED, QueryProcessor
+from clipper.frontend.clipper_rest import PredictParser
 from clipper.frontend.routes import encode_predictions
 from clipper.inputs import InputType
 from clipper.metrics import Metrics
+from clipper.query.loop_lag import LoopLagMonitor
+from clipper.query.prediction import SLO_MISSED, Prediction, Reply
+from clipper.query.runtime import build_query_runtime
 from clipper.registry import Application, ModelVersion, Registry
+from clipper.runtime.catalog import Catalog, SchedulerTable
 
 SLO_US = 20_000  # 20 ms: the answer margin is 2 ms
 
@@ -75,7 +77,8 @@ class Frontend:
         self.cache = PredictionCache(1 << 20)
         self.metrics = Metrics()
         self.transport = Transport()
-        self.schedulers: dict[tuple[str, str], ModelScheduler] = {}
+        self.schedulers = SchedulerTable()
+        self.catalog = Catalog(self.registry, self.schedulers)
         self.replicas: dict[str, Replica] = {}
         self.registry.add_app(app)
         batching = BatchingConfig(controller="fixed", max_batch_size=8, max_wait_micros=0)
@@ -95,17 +98,32 @@ class Frontend:
                 metrics=self.metrics,
                 queue_capacity=100,
             )
-            self.schedulers[mv.key] = sched
+            self.schedulers.put(mv.key, sched)
             replica = Replica(name.encode(), i, True, 3.0, self.clock.now())
             sched.add_replica(replica)
             self.replicas[name] = replica
-        self.proc = QueryProcessor(
-            registry=self.registry,
-            cache=self.cache,
-            clock=self.clock,
-            metrics=self.metrics,
-            schedulers=self.schedulers,
-        )
+        self.query = build_query_runtime(
+            self.catalog, self.cache, clock=self.clock, metrics=self.metrics,
+            rng=random.Random(0),
+        )  # fmt: skip
+        self.proc = self.query.processor
+        self.parser = PredictParser(1000)  # the Clipper REST protocol's
+
+    def predict(
+        self, app: str, body: bytes, reply: Reply, *, t0: float | None = None,
+        slo_s: float | None = None,
+    ) -> None:  # fmt: skip
+        """A Clipper REST predict body, parsed as the protocol does, then to the processor."""
+        application = self.registry.apps[app]
+        payloads, version, uid = self.parser.parse(application, body)
+        arrived = self.clock.now() if t0 is None else t0
+        self.proc.predict(application, payloads, version, uid, reply, arrived, slo_s)
+
+    def lag(self, monitor: LoopLagMonitor) -> None:
+        """Shed for ``monitor``'s loop lag, and add its socket wait to the histogram."""
+        self.query.single.loop_lag = monitor
+        self.query.split.loop_lag = monitor
+        self.query.answers.loop_lag = monitor
 
     def answer(self, model: str, outputs: list[object]) -> None:
         """The model's replica answers its (only) batch in flight."""
@@ -140,7 +158,7 @@ def test_a_query_gets_the_default_output_exactly_at_its_deadline(
     frontends.append(f)
     answers = Answers(f.clock)
     t0 = f.clock.now()
-    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    f.predict("app", b'{"input": [1.0]}', answers)
     assert len(f.transport.sent) == 1  # the replica has it, and never answers
     answer_at = t0 + app.slo_s - app.answer_margin_s
     f.clock.advance(app.slo_s - app.answer_margin_s - 1e-6)
@@ -161,7 +179,7 @@ def test_an_answer_before_the_deadline_cancels_the_deadline_timer(
     f = Frontend(single_app(), ["m"])
     frontends.append(f)
     answers = Answers(f.clock)
-    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    f.predict("app", b'{"input": [1.0]}', answers)
     f.clock.advance(0.005)
     f.answer("m", [5.0])
     at, doc = answers.one()
@@ -180,7 +198,7 @@ def test_a_query_with_a_shorter_slo_is_answered_at_its_own_deadline(
     frontends.append(f)
     answers = Answers(f.clock)
     t0 = f.clock.now()
-    f.proc.predict("app", b'{"input": [1.0]}', answers, slo_s=0.01)  # e.g. a V2 timeout
+    f.predict("app", b'{"input": [1.0]}', answers, slo_s=0.01)  # e.g. a V2 timeout
     f.clock.advance(0.01)
     at, doc = answers.one()
     assert at == pytest.approx(t0 + 0.01 - app.answer_margin_s, abs=1e-9)
@@ -194,9 +212,9 @@ def test_a_query_whose_deadline_passes_while_queued_never_reaches_the_replica(
     f = Frontend(app, ["m"])
     frontends.append(f)
     first, second = Answers(f.clock), Answers(f.clock)
-    f.proc.predict("app", b'{"input": [1.0]}', first)  # takes the only in-flight slot
+    f.predict("app", b'{"input": [1.0]}', first)  # takes the only in-flight slot
     f.clock.advance(0.010)
-    f.proc.predict("app", b'{"input": [2.0]}', second, slo_s=0.005)  # queued behind it
+    f.predict("app", b'{"input": [2.0]}', second, slo_s=0.005)  # queued behind it
     f.clock.advance(0.005)  # past the second one's deadline: expired in the queue
     assert len(f.schedulers["m", "1"].queue) == 0
     _, doc = second.one()
@@ -214,8 +232,7 @@ def ensemble_app() -> Application:
 def ensemble(frontends: list[Frontend], models: list[str]) -> Frontend:
     f = Frontend(ensemble_app(), models)
     frontends.append(f)
-    runtime = SelectionRuntime(f.proc, rng=random.Random(0))
-    f.proc.selection = runtime
+    runtime = f.query.selection
     app = f.registry.apps["app"]
     sel = runtime.selection(app)
     sel.states.put("", sel.policy.init_state())  # known user: no state to load, no task
@@ -229,7 +246,7 @@ def test_a_straggling_model_is_cut_at_the_deadline_and_the_others_answer(
     app = f.registry.apps["app"]
     answers = Answers(f.clock)
     t0 = f.clock.now()
-    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    f.predict("app", b'{"input": [1.0]}', answers)
     assert {r.identity for r, _, _ in f.transport.sent} == {b"fast", b"also-fast", b"slow"}
     f.clock.advance(0.003)
     f.answer("fast", [2.5])
@@ -253,7 +270,7 @@ def test_an_ensemble_answers_at_once_when_every_model_has_answered(
 ) -> None:
     f = ensemble(frontends, ["a", "b"])
     answers = Answers(f.clock)
-    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    f.predict("app", b'{"input": [1.0]}', answers)
     f.clock.advance(0.001)
     f.answer("a", [3.5])
     assert answers.got == []
@@ -270,7 +287,7 @@ def test_an_ensemble_where_no_model_answers_gets_the_default_at_the_deadline(
     f = ensemble(frontends, ["a", "b"])
     app = f.registry.apps["app"]
     answers = Answers(f.clock)
-    f.proc.predict("app", b'{"input": [1.0]}', answers)
+    f.predict("app", b'{"input": [1.0]}', answers)
     f.clock.advance(app.slo_s - app.answer_margin_s)
     _, doc = answers.one()
     assert doc["default"] is True and doc["output"] == -1

@@ -52,7 +52,7 @@ def test_the_reader_takes_only_the_plain_one_input_shape() -> None:
 def _run(f: Frontend, body: bytes) -> tuple[Any, ...]:
     answers = Answers(f.clock)
     try:
-        f.proc.predict("app", body, answers)
+        f.predict("app", body, answers)
     except RequestError as e:
         return ("error", e.status, str(e))
     sent = [t.payload for _, _, tasks in f.transport.sent for t in tasks]
@@ -66,8 +66,8 @@ def test_both_paths_send_the_same_payloads_and_raise_the_same_errors(
 ) -> None:
     fast, general = Frontend(single_app(), ["m"]), Frontend(single_app(), ["m"])
     frontends += [fast, general]
-    general.proc._doubles = DoublesReader.__new__(DoublesReader)
-    general.proc._doubles._parser = None  # as without simdjson
-    assert not general.proc._doubles.available
+    general.parser._doubles = DoublesReader.__new__(DoublesReader)
+    general.parser._doubles._parser = None  # as without simdjson
+    assert not general.parser._doubles.available
     for body in BODIES:
         assert _run(fast, body) == _run(general, body), body

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from clipper.inputs import InputType
-from clipper.pipeline.run import PipelineRuntime, decode_payload, resolve
 from clipper.pipeline.spec import parse_pipeline
+from clipper.pipeline.values import decode_payload, resolve
 from clipper.registry import Application
 from tests.unit import test_deadlines
 from tests.unit.test_deadlines import Answers, Frontend
@@ -29,7 +29,6 @@ class PipelineFrontend(Frontend):
         super().__init__(plain, list(models), link=False, types=models)
         self.app = Application("p", InputType.JSON, '"fallback"', SLO_US, pipeline=pipeline)
         self.registry.add_app(self.app)
-        self.proc.pipelines = PipelineRuntime(self.proc)
 
     def batches(self, model: str) -> list[Any]:
         """The deadlines of the tasks sent to ``model``."""
@@ -38,7 +37,7 @@ class PipelineFrontend(Frontend):
 
     def ask(self, body: bytes = b'{"input": {"x": 2}}') -> Answers:
         answers = Answers(self.clock)
-        self.proc.predict("p", body, answers)
+        self.predict("p", body, answers)
         return answers
 
     def metric(self, name: str, **labels: str) -> float:
@@ -275,7 +274,7 @@ def test_a_stage_that_cannot_start_fails_its_query_with_the_reason(
     frontends: list[Frontend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     f = three(frontends)
-    rt = f.proc.pipelines
+    rt = f.query.pipelines
     assert rt is not None
 
     def broken(call: object) -> None:

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from clipper.batching.queue import Task
+from clipper.batching.scheduler import ModelScheduler
 from clipper.clock import FakeClock
 from clipper.errors import ModelError, OverloadedError, RegistryError
-from clipper.frontend.traffic import MAX_SHADOW_IN_FLIGHT, Traffic
 from clipper.inputs import InputType
 from clipper.metrics import Metrics
 from clipper.persistence import diff_registries
+from clipper.query.traffic import MAX_SHADOW_IN_FLIGHT, Traffic
 from clipper.registry import Change, Intent, ModelVersion, Registry
 from clipper.rollout import Rollout, Shadow, sticky_point, with_shadow, with_split
 from clipper.store.base import Delete, Put
+from tests.catalogs import catalog_of
 
 # blake2b-64 of "m\0alice" over 2**64: what every frontend, before and after a restart, computes.
 STICKY_M_ALICE = 0.8669973945765952
@@ -206,7 +208,7 @@ class FakeScheduler:
 
 def traffic(r: Registry, scheds: dict[tuple[str, str], Any]) -> tuple[Traffic, Metrics]:
     metrics = Metrics()
-    t = Traffic(r, scheds, clock=FakeClock(), metrics=metrics, rng=random.Random(5))
+    t = Traffic(catalog_of(r, scheds), clock=FakeClock(), metrics=metrics, rng=random.Random(5))
     return t, metrics
 
 
@@ -227,7 +229,7 @@ def test_a_drawn_version_without_replicas_hands_its_query_to_the_current_one() -
     t, metrics = traffic(r, scheds)
     assert t.route("m", "", 1.0) == ("1", None)
     assert value(metrics, "clipper_split_fallbacks_total", model="m", version="2") == 1
-    scheds[("m", "2")] = FakeScheduler(1)
+    t.catalog._table.put(("m", "2"), cast(ModelScheduler, FakeScheduler(1)))  # as the reconciler
     assert t.route("m", "", 1.0) == ("2", None)
     assert value(metrics, "clipper_split_requests_total", model="m", version="2") == 1
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 import clipper as clipper_pkg
-from clipper.frontend.query import NO_MODELS
+from clipper.query.prediction import NO_MODELS
 from clipper.server import Clipper
 from tests.inprocess import InProcessFrontend, RouterClient, RouterResponse, in_process_frontend
 from tests.integration import models

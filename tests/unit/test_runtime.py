@@ -21,6 +21,7 @@ from clipper.inputs import InputType
 from clipper.managers.base import ReplicaStatus
 from clipper.persistence import StoreSync, delta_of, diff_registries
 from clipper.registry import Application, Change, ModelVersion, Registry
+from clipper.runtime.catalog import Catalog, SchedulerTable
 from clipper.runtime.control import Control
 from clipper.runtime.reconciler import Reconciler
 from clipper.store import MemoryStore, StoreError
@@ -120,7 +121,7 @@ class Runtime:
     store: FlakyStore
     sync: StoreSync
     manager: FakeManager
-    schedulers: dict[tuple[str, str], ModelScheduler]
+    schedulers: SchedulerTable
     reconciler: Reconciler
     control: Control
     forgotten: list[str]
@@ -135,7 +136,7 @@ async def runtime(
         await store.open()
     registry = Registry()
     manager = FakeManager()
-    schedulers: dict[tuple[str, str], ModelScheduler] = {}
+    schedulers = SchedulerTable()
     forgotten: list[str] = []
     sync = StoreSync(registry, store)
     reconciler = Reconciler(
@@ -147,7 +148,9 @@ async def runtime(
         remove_replicas=lambda sched: None,
         on_app_deleted=forgotten.append,
     )
-    control = Control(registry, sync, reconciler, schedulers, manager, node_id=node)
+    control = Control(
+        registry, sync, reconciler, Catalog(registry, schedulers), manager, node_id=node
+    )
     await sync.start()
     await control.recover()
     reconciler.resume()

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from clipper.clock import FakeClock, _FakeTimer
-from clipper.frontend.loop_lag import LoopLagMonitor
-from clipper.frontend.query import LAG_FLOOR_S
+from clipper.query.loop_lag import LoopLagMonitor
+from clipper.query.single import LAG_FLOOR_S
 from tests.unit.test_deadlines import Answers, Frontend, frontends, single_app  # noqa: F401
 
 BODY = b'{"input": [1.0]}'
@@ -51,7 +51,7 @@ def test_the_monitor_measures_how_late_its_timer_fires() -> None:
 def lagging(f: Frontend, lag_s: float) -> LoopLagMonitor:
     mon = LoopLagMonitor(f.clock)
     mon.lag_s = lag_s  # as if measured: the processor only reads it
-    f.proc.loop_lag = mon
+    f.lag(mon)
     return mon
 
 
@@ -60,7 +60,7 @@ def test_a_loop_within_noise_queues_as_usual(frontends: list[Frontend]) -> None:
     frontends.append(f)
     lagging(f, LAG_FLOOR_S / 2)
     answers = Answers(f.clock)
-    f.proc.predict("app", BODY, answers)
+    f.predict("app", BODY, answers)
     assert len(f.transport.sent) == 1
     f.answer("m", [7.0])
     _, doc = answers.one()
@@ -75,7 +75,7 @@ def test_a_loop_too_far_behind_sheds_at_once_with_the_reason(
     frontends.append(f)
     lagging(f, 0.019)
     answers = Answers(f.clock)
-    f.proc.predict("app", BODY, answers)
+    f.predict("app", BODY, answers)
     at, doc = answers.one()
     assert at == f.clock.now()  # answered now, not at the deadline
     assert f.transport.sent == []  # and never queued
@@ -89,7 +89,7 @@ def test_lag_that_still_leaves_time_queues(frontends: list[Frontend]) -> None:  
     frontends.append(f)
     lagging(f, 0.005)  # behind, but 5 ms + an unknown batch latency fits in 18 ms
     answers = Answers(f.clock)
-    f.proc.predict("app", BODY, answers)
+    f.predict("app", BODY, answers)
     assert len(f.transport.sent) == 1
 
 
@@ -98,7 +98,7 @@ def test_reject_applications_get_503(frontends: list[Frontend]) -> None:  # noqa
     frontends.append(f)
     lagging(f, 0.03)
     answers = Answers(f.clock)
-    f.proc.predict("app", b'{"input_batch": [[1.0], [2.0]]}', answers)
+    f.predict("app", b'{"input_batch": [[1.0], [2.0]]}', answers)
     [(_, status, cause)] = answers.got
     assert status == 503
     assert "frontend is behind" in cause
@@ -113,7 +113,7 @@ def test_the_deadline_and_the_histogram_count_from_the_callers_t0(
     answers = Answers(f.clock)
     first_byte = f.clock.now()
     f.clock.advance(0.004)  # read, parsed and routed 4 ms after the first byte arrived
-    f.proc.predict("app", BODY, answers, t0=first_byte)
+    f.predict("app", BODY, answers, t0=first_byte)
     assert len(f.transport.sent) == 1  # 4 ms of 20: still worth queuing
     f.clock.advance(app.slo_s - app.answer_margin_s - 0.004)
     at, doc = answers.one()
@@ -132,7 +132,7 @@ def test_a_request_that_arrives_too_late_is_shed_without_lag(
     answers = Answers(f.clock)
     first_byte = f.clock.now()
     f.clock.advance(0.019)  # past the answer margin already: no batch can make it
-    f.proc.predict("app", BODY, answers, t0=first_byte)
+    f.predict("app", BODY, answers, t0=first_byte)
     at, doc = answers.one()
     assert at == f.clock.now()
     assert f.transport.sent == []
@@ -161,7 +161,7 @@ def test_the_histogram_adds_the_socket_wait_and_the_deadline_does_not(
     mon = lagging(f, 0.0)
     mon.turn(0.0, 0.003)  # busy turns of 3 ms: 3 ms before the first read on average
     answers = Answers(f.clock)
-    f.proc.predict("app", BODY, answers)
+    f.predict("app", BODY, answers)
     f.clock.advance(0.001)
     f.answer("m", [7.0])
     _, doc = answers.one()
@@ -181,14 +181,14 @@ def test_the_lag_and_a_round_trip_measured_on_the_same_loop_are_not_added(
     frontends.append(f)
     answers = Answers(f.clock)
     for k in range(3):  # the model measured at 12 ms a full batch (8)
-        f.proc.predict("app", batch_body(8 * k, 8), answers)
+        f.predict("app", batch_body(8 * k, 8), answers)
         f.clock.advance(0.012)
         f.answer("m", [7.0] * 8)
     sched = f.schedulers[("m", "1")]
     assert sched.batch_latency_s == pytest.approx(0.012)
     lagging(f, 0.007)
-    f.proc.predict("app", body(100), answers)  # goes out at once: the replica is free
-    f.proc.predict("app", body(101), answers)  # queued behind it: priced at 12 ms, not 19
+    f.predict("app", body(100), answers)  # goes out at once: the replica is free
+    f.predict("app", body(101), answers)  # queued behind it: priced at 12 ms, not 19
     assert len(f.transport.sent) == 4
     assert len(sched.queue) == 1
     assert len(answers.got) == 3
@@ -204,11 +204,11 @@ def test_an_idle_model_with_a_stale_estimate_is_measured_again(
     f = Frontend(single_app(), ["m"])
     frontends.append(f)
     answers = Answers(f.clock)
-    f.proc.predict("app", body(0), answers)
+    f.predict("app", body(0), answers)
     f.clock.advance(0.025)
     f.answer("m", [7.0])
     lagging(f, 0.005)
-    f.proc.predict("app", body(1), answers)
+    f.predict("app", body(1), answers)
     assert len(f.transport.sent) == 2
     f.clock.advance(0.001)
     f.answer("m", [8.0])
@@ -232,5 +232,5 @@ def test_a_loop_behind_does_not_shed_while_admission_probes(
     sched = f.schedulers[("m", "1")]
     sched._probe_until = f.clock.now() + 0.02  # as if a probe had just started
     answers = Answers(f.clock)
-    f.proc.predict("app", BODY, answers)
+    f.predict("app", BODY, answers)
     assert len(f.transport.sent) == 1 and answers.got == []

@@ -13,6 +13,7 @@ from clipper.frontend.admin_state import StateRoutes
 from clipper.metrics import Metrics, counter_values, histogram_quantile, histogram_values
 from clipper.metrics_window import MetricsWindow
 from clipper.registry import Registry
+from tests.catalogs import catalog_of
 
 
 def test_rates_cover_the_window_only() -> None:
@@ -120,7 +121,7 @@ def test_replica_states_and_ids_match_the_log_files() -> None:
         _Proc("m", "1", 4, "m:1:4:8", None, restarts=5, last_exit=1),
     ]
     routes = StateRoutes(
-        registry=Registry(), schedulers=cast(Any, {("m", "1"): sched}),
+        registry=Registry(), catalog=catalog_of(Registry(), {("m", "1"): sched}),
         manager=cast(Any, _Manager(procs)), window=cast(Any, None), clock=FakeClock(),
         state_dir=Path("/nonexistent"), max_artifact_bytes=1,
     )  # fmt: skip

@@ -33,14 +33,14 @@ from clipper.dashboard.history import History
 from clipper.dashboard.sampler import Sampler
 from clipper.errors import ConfigError
 from clipper.frontend.http import JSON, Respond, StreamingRespond
+from clipper.frontend.routes import Authorize
 
 if TYPE_CHECKING:
-    from clipper.batching.scheduler import ModelScheduler
     from clipper.clock import Clock, TimerHandle
-    from clipper.frontend.ensemble import Selection
     from clipper.managers.base import ContainerManager
     from clipper.metrics import Metrics
-    from clipper.registry import Registry
+    from clipper.query.selection import Selection
+    from clipper.runtime.catalog import Catalog
 
 __all__ = ["PREFIX", "Dashboard"]
 
@@ -55,8 +55,6 @@ _HTML = b"text/html; charset=utf-8"
 MAX_SERIES = 4000
 # What one client may hold unsent before it is dropped: several snapshots' worth.
 MAX_CLIENT_BUFFER = 8 * 2**20
-
-Authorize = Callable[[Mapping[bytes, bytes], Respond], bool]
 
 
 def _error(error: str, cause: str) -> bytes:
@@ -89,8 +87,7 @@ class Dashboard:
         *,
         clock: Clock,
         metrics: Metrics,
-        registry: Registry,
-        schedulers: Mapping[tuple[str, str], ModelScheduler],
+        catalog: Catalog,
         manager: ContainerManager,
         selection: Callable[[str], Selection | None],
         interval_s: float = 1.0,
@@ -107,7 +104,7 @@ class Dashboard:
         self.interval_s = interval_s
         self.history = History(max(capacity, 2), MAX_SERIES)
         self.sampler = Sampler(
-            clock=clock, metrics=metrics, registry=registry, schedulers=schedulers,
+            clock=clock, metrics=metrics, catalog=catalog,
             manager=manager, selection=selection, history=self.history, interval_s=interval_s,
         )  # fmt: skip
         self.hub = EventHub(max_clients=max_clients, max_buffer_bytes=max_client_buffer)

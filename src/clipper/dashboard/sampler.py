@@ -22,7 +22,7 @@ exit stack); a sample that fails is logged and the chain goes on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from clipper.dashboard.history import History, Value
@@ -37,11 +37,10 @@ from clipper.metrics import (
 )
 
 if TYPE_CHECKING:
-    from clipper.batching.scheduler import ModelScheduler
     from clipper.clock import Clock, TimerHandle
-    from clipper.frontend.ensemble import Selection
     from clipper.managers.base import ContainerManager
-    from clipper.registry import Registry
+    from clipper.query.selection import Selection
+    from clipper.runtime.catalog import Catalog
 
 __all__ = ["Sampler"]
 
@@ -103,8 +102,7 @@ class Sampler:
         *,
         clock: Clock,
         metrics: Metrics,
-        registry: Registry,
-        schedulers: Mapping[tuple[str, str], ModelScheduler],
+        catalog: Catalog,
         manager: ContainerManager,
         selection: Callable[[str], Selection | None],
         history: History,
@@ -112,8 +110,8 @@ class Sampler:
     ) -> None:
         self.clock = clock
         self.metrics = metrics
-        self.registry = registry
-        self.schedulers = schedulers
+        self.catalog = catalog
+        self.registry = catalog.registry
         self.manager = manager
         self.history = history
         self.interval_s = interval_s
@@ -175,7 +173,7 @@ class Sampler:
 
     def refresh_state(self) -> dict[str, Any]:
         """Read the applications, models and replicas now (also between samples)."""
-        self.state = runtime_state(self.registry, self.schedulers, self.manager)
+        self.state = runtime_state(self.catalog, self.manager)
         return self.state
 
     def _collect(self, dt: float) -> dict[str, Value]:
@@ -204,7 +202,7 @@ class Sampler:
             if app_name in registry.apps:
                 out[f"app/{app_name}/defaults/{reason}"] = _r(gained / dt)
         self._weights.forget(set(registry.apps))
-        for (name, version), sched in self.schedulers.items():
+        for (name, version), sched in self.catalog.schedulers():
             key = (name, version)
             p = f"model/{name}:{version}/"
             b = batches.get(key)

@@ -15,7 +15,7 @@ Replicas that dial in from elsewhere (``--manager external://``) have no process
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from clipper.errors import ConfigError
@@ -26,10 +26,11 @@ from clipper.selection.base import SelectionPolicy, State
 from clipper.selection.exp4 import Exp4
 
 if TYPE_CHECKING:
-    from clipper.batching.scheduler import ModelScheduler, Replica
-    from clipper.frontend.ensemble import Selection
+    from clipper.batching.scheduler import Replica
     from clipper.managers.base import ContainerManager
-    from clipper.registry import Application, Registry
+    from clipper.query.selection import Selection
+    from clipper.registry import Application
+    from clipper.runtime.catalog import Catalog
 
 __all__ = ["REPLICA_STATES", "PolicyWeights", "policy_weights", "runtime_state"]
 
@@ -51,12 +52,9 @@ def _replica_state(
     return "restarting" if restarts else "starting"
 
 
-def runtime_state(
-    registry: Registry,
-    schedulers: Mapping[tuple[str, str], ModelScheduler],
-    manager: ContainerManager,
-) -> dict[str, Any]:
+def runtime_state(catalog: Catalog, manager: ContainerManager) -> dict[str, Any]:
     """``{"apps": [...], "models": [...], "replicas": [...]}``: plain JSON values, sorted."""
+    registry = catalog.registry
     apps = [
         {
             "name": app.name,
@@ -75,7 +73,7 @@ def runtime_state(
     for name in sorted(registry.models):
         for version in sorted(registry.models[name]):
             mv = registry.models[name][version]
-            sched = schedulers.get((name, version))
+            sched = catalog.scheduler(name, version)
             live = sched.replicas if sched is not None else []
             connected.update((r.address, r) for r in live if r.address)
             models.append(
@@ -109,7 +107,7 @@ def runtime_state(
                 "location": proc.location,
             }
         )
-    for (name, version), sched in sorted(schedulers.items()):
+    for (name, version), sched in catalog.schedulers():
         for r in sorted(sched.replicas, key=lambda r: r.replica_id):
             if id(r) in matched:
                 continue

@@ -74,10 +74,11 @@ from clipper.scaling import AutoscaleConfig
 from clipper.store.base import StoreError
 
 if TYPE_CHECKING:
-    from clipper.batching.scheduler import ModelScheduler, Replica
+    from clipper.batching.scheduler import Replica
     from clipper.clock import Clock
-    from clipper.frontend.traffic import Traffic
+    from clipper.query.traffic import Traffic
     from clipper.runtime.autoscaler import Autoscaler
+    from clipper.runtime.catalog import Catalog
     from clipper.runtime.control import Control
 
 __all__ = ["AdminApi"]
@@ -107,7 +108,7 @@ class AdminApi:
         *,
         registry: Registry,
         control: Control,
-        schedulers: dict[tuple[str, str], ModelScheduler],
+        catalog: Catalog,
         manager: ContainerManager,
         metrics: Metrics,
         clock: Clock,
@@ -123,7 +124,7 @@ class AdminApi:
         self.max_upload_files = max_upload_files
         self.registry = registry
         self.control = control
-        self.schedulers = schedulers
+        self.catalog = catalog
         self.manager = manager
         self.metrics = metrics
         self.clock = clock
@@ -158,7 +159,7 @@ class AdminApi:
         }
         # Operators' reads: the whole state, artifacts, replica logs, status (admin_state.py).
         self.state_routes = StateRoutes(
-            registry=registry, schedulers=schedulers, manager=manager,
+            registry=registry, catalog=catalog, manager=manager,
             window=window or MetricsWindow(metrics, clock), clock=clock, state_dir=state_dir,
             max_artifact_bytes=max_upload_unpacked_bytes,
         )  # fmt: skip
@@ -692,7 +693,7 @@ class AdminApi:
     # -- containers and replicas ---------------------------------------------------------------
     def _replicas(self, name: str | None = None, version: str | None = None) -> list[Replica]:
         out: list[Replica] = []
-        for (n, v), sched in sorted(self.schedulers.items()):
+        for (n, v), sched in self.catalog.schedulers():
             if (name is None or n == name) and (version is None or v == version):
                 out.extend(sorted(sched.replicas, key=lambda r: r.replica_id))
         return out

@@ -30,8 +30,9 @@ from clipper.metrics_window import MetricsWindow
 from clipper.registry import ModelVersion, Registry
 
 if TYPE_CHECKING:
-    from clipper.batching.scheduler import ModelScheduler, Replica
+    from clipper.batching.scheduler import Replica
     from clipper.clock import Clock
+    from clipper.runtime.catalog import Catalog
 
 __all__ = ["StateRoutes"]
 
@@ -67,7 +68,7 @@ class StateRoutes:
         self,
         *,
         registry: Registry,
-        schedulers: dict[tuple[str, str], ModelScheduler],
+        catalog: Catalog,
         manager: ContainerManager,
         window: MetricsWindow,
         clock: Clock,
@@ -75,7 +76,7 @@ class StateRoutes:
         max_artifact_bytes: int,
     ) -> None:
         self.registry = registry
-        self.schedulers = schedulers
+        self.catalog = catalog
         self.manager = manager
         self.window = window
         self.clock = clock
@@ -251,7 +252,7 @@ class StateRoutes:
         models = []
         for name in sorted(reg.models):
             for mv in reg.models[name].values():
-                sched = self.schedulers.get(mv.key)
+                sched = self.catalog.scheduler(*mv.key)
                 models.append(
                     {
                         "model_name": mv.name,
@@ -277,7 +278,7 @@ class StateRoutes:
         now = self.clock.now()
         connected: dict[str, Replica] = {}
         others: list[Replica] = []
-        for _, sched in sorted(self.schedulers.items()):
+        for _, sched in self.catalog.schedulers():
             for each in sorted(sched.replicas, key=lambda x: x.replica_id):
                 if each.address:
                     connected[each.address] = each

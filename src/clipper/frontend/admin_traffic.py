@@ -19,7 +19,7 @@ from clipper.registry import Registry
 from clipper.rollout import with_shadow, with_split
 
 if TYPE_CHECKING:
-    from clipper.frontend.traffic import Traffic
+    from clipper.query.traffic import Traffic
     from clipper.runtime.control import Control
 
 __all__ = ["TrafficAdmin"]

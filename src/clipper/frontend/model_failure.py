@@ -15,7 +15,7 @@ the error, carrying the model's own message.
 from __future__ import annotations
 
 from clipper.errors import RequestError
-from clipper.frontend.prediction import DefaultReason, Prediction
+from clipper.query.prediction import DefaultReason, Prediction
 from clipper.registry import Application
 
 __all__ = ["ModelFailed", "model_failure"]

@@ -9,22 +9,22 @@ original ``POST /<app>/predict`` document, and refused queries are rendered by
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from clipper.errors import NotFoundError, RequestError
 from clipper.frontend import v2
+from clipper.frontend.clipper_rest import PredictParser, parse_feedback
 from clipper.frontend.http import JSON, Respond, error_body, json_response
 from clipper.frontend.model_failure import model_failure
-from clipper.frontend.prediction import Prediction, answer_failed
+from clipper.query.prediction import Prediction, answer_failed
+from clipper.query.runtime import QueryServices
+from clipper.registry import Application
 
 if TYPE_CHECKING:
-    from clipper.dashboard import Dashboard
     from clipper.frontend.admin import AdminApi
-    from clipper.registry import Application
-    from clipper.runtime.catalog import QueryServices
 
 __all__ = [
     "AdminRoutes",
@@ -126,7 +126,10 @@ class QueryRoutes:
 
     def __init__(self, svc: QueryServices) -> None:
         self.svc = svc
-        self._predict = svc.processor.predict  # bound once: the hot path
+        # Bound once: the hot path.
+        self._predict = svc.processor.predict
+        self._parse = PredictParser(svc.max_items).parse
+        self._now = svc.clock.now
         self._apps = svc.catalog.registry.apps
 
     def __call__(
@@ -144,10 +147,22 @@ class QueryRoutes:
         if method == b"POST":
             app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
             if verb == "predict" and app:
-                self._predict(app, body, RestReply(respond, self._apps, app), t0=t0)
+                if t0 is None:
+                    t0 = self._now()
+                application = self._apps.get(app)
+                if application is None:
+                    # Not the list of the others: callers on the query port need not learn them.
+                    raise NotFoundError(f"no application named '{app}'")
+                payloads, version, uid = self._parse(application, body)
+                reply = RestReply(respond, self._apps, app)
+                self._predict(application, payloads, version, uid, reply, t0)
                 return
             if verb == "update" and app:
-                self.svc.processor.feedback(app, body, RestReply(respond))
+                application = self._apps.get(app)
+                if application is None:
+                    raise NotFoundError(f"no application named '{app}'")
+                payload, label, uid = parse_feedback(application, body)
+                self.svc.processor.feedback(application, payload, label, uid, RestReply(respond))
                 return
         if method == b"GET":
             if path == "/metrics":
@@ -204,12 +219,32 @@ def repeated_authorization(header: bytes | None) -> bool:
     return header is not None and b"," in header
 
 
+# The admin API's token check, as the dashboard calls it for its data: True when authorized
+# (otherwise it has answered 401).
+Authorize = Callable[[Mapping[bytes, bytes], Respond], bool]
+
+
+class DashboardRoutes(Protocol):
+    """What the admin port needs of the dashboard (served above the protocols, it is handed in
+    by the composition root)."""
+
+    def route(
+        self,
+        method: bytes,
+        path: str,
+        headers: Mapping[bytes, bytes],
+        respond: Respond,
+        authorize: Authorize,
+    ) -> None:
+        """A request for ``/dashboard`` or below."""
+
+
 class AdminRoutes:
     """Port 1338: the bearer token, when one is configured, then the admin API; the dashboard
     (``/dashboard``), when there is one, checks the token itself for its data only."""
 
     def __init__(
-        self, api: AdminApi, token: str | None, dashboard: Dashboard | None = None
+        self, api: AdminApi, token: str | None, dashboard: DashboardRoutes | None = None
     ) -> None:
         self.api = api
         self.token = token

@@ -22,7 +22,6 @@ import orjson
 from clipper.errors import BadInputError, NotFoundError, RequestError
 from clipper.frontend.http import JSON, Respond
 from clipper.frontend.model_failure import model_failure
-from clipper.frontend.prediction import Prediction, answer_failed
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
     InferRequest,
@@ -37,10 +36,11 @@ from clipper.frontend.v2_request import (
     tensor_datatype,
     timeout_slo,
 )
+from clipper.query.prediction import Prediction, answer_failed
 
 if TYPE_CHECKING:
+    from clipper.query.runtime import QueryServices
     from clipper.registry import Application
-    from clipper.runtime.catalog import QueryServices
 
 __all__ = [
     "SERVER_NAME",
@@ -197,7 +197,7 @@ def model_config(svc: QueryServices, app: Application, version: str | None) -> d
         "name": app.name,
         "platform": PLATFORM,
         "backend": SERVER_NAME,
-        "max_batch_size": min(svc.queue_capacity, svc.processor.max_items),
+        "max_batch_size": min(svc.queue_capacity, svc.max_items),
         "input": [
             {"name": t["name"], "data_type": _config_type(t["datatype"]), "dims": [-1]}
             for t in meta["inputs"]
@@ -315,12 +315,11 @@ def _infer(  # noqa: PLR0917
     t0: float | None = None,
 ) -> None:
     request = parse_infer(headers, body)
-    payloads = input_payloads(app, request.inputs, svc.processor.max_items)
+    payloads = input_payloads(app, request.inputs, svc.max_items)
     model_version = resolve_version(svc.catalog.registry, app, version)
     reply = _V2Reply(respond, app, model_version, request)
-    processor = svc.processor
-    arrived = processor.clock.now() if t0 is None else t0
-    processor.predict_payloads(app, payloads, version, "", reply, arrived, request.slo_s)
+    arrived = svc.clock.now() if t0 is None else t0
+    svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s)
 
 
 class _V2Reply:

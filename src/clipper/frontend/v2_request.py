@@ -24,8 +24,8 @@ import numpy as np
 import orjson
 
 from clipper.errors import BadInputError, NotFoundError, PayloadTooLarge
-from clipper.frontend.prediction import Prediction
 from clipper.inputs import InputType, parse_input
+from clipper.query.prediction import Prediction
 
 DEFAULT_MAX_ITEMS = 1000  # FrontendConfig.max_items_per_request's default; gRPC's, until passed
 

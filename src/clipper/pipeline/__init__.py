@@ -1,7 +1,8 @@
 """Pipelines: applications whose answer is a small DAG of model stages under one deadline.
 
-``spec`` parses and checks a description, ``plan`` splits the deadline among the stages, and
-``run`` (imported by the frontend, not here: it needs the query path) executes one query.
+Data only: ``spec`` parses and checks a description, ``plan`` splits the deadline among the
+stages, ``values`` evaluates a stage's input; the query runtime's pipeline runner
+(:mod:`clipper.query.pipeline`) executes one query.
 See docs/pipelines.md.
 """
 

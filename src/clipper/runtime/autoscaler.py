@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from clipper.batching.scheduler import ModelScheduler
 from clipper.clock import Clock, wait_event
 from clipper.registry import Change, ModelVersion, Registry
+from clipper.runtime.catalog import Catalog
 from clipper.runtime.control import Control
 from clipper.runtime.scale_policy import Decision, Sample, ScalePolicy
 
@@ -150,7 +151,7 @@ class Autoscaler:
         self,
         registry: Registry,
         control: Control,
-        schedulers: dict[Key, ModelScheduler],
+        catalog: Catalog,
         *,
         clock: Clock,
         metrics_registry: CollectorRegistry,
@@ -158,7 +159,7 @@ class Autoscaler:
     ) -> None:
         self.registry = registry
         self.control = control
-        self.schedulers = schedulers
+        self.catalog = catalog
         self.clock = clock
         self.ready_timeout_s = ready_timeout_s
         self._metrics = _Metrics(metrics_registry)
@@ -240,7 +241,7 @@ class Autoscaler:
         return max(next_due - now, 0.0)
 
     def _sample(self, mv: ModelVersion, policy: ScalePolicy, now: float) -> None:
-        sched = self.schedulers.get(mv.key)
+        sched = self.catalog.scheduler(*mv.key)
         sample = Sample(
             at=now,
             offered=sched.offered if sched is not None else 0,

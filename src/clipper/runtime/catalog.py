@@ -1,35 +1,99 @@
-"""The read side: what an application resolves to, and whether it can answer.
+"""The read side: which scheduler serves a model, what an application links, whether it can answer.
 
-The query-side protocols (Clipper REST, V2 REST, V2 gRPC) ask these questions; the answers come
-from one place so that ``GET /ready``, ``/v2/health/ready`` and gRPC's ``ServerReady`` apply the
-same rule. :class:`QueryServices` is everything a query-side protocol may use — never the
-frontend object itself.
+Two objects, one table. :class:`SchedulerTable` holds the schedulers serving now, by
+``(model, version)``; the :class:`~clipper.runtime.reconciler.Reconciler` is its only writer, and
+every write advances :attr:`SchedulerTable.generation` and tells the listeners (the way a
+controller publishes versioned snapshots to its proxies). :class:`Catalog` is the read-only view
+everyone else is handed — the query runners, traffic, the protocols, the dashboard, the admin
+API, the autoscaler, the replica directory — so that "the current version's scheduler" and the
+readiness rule are written once. ``GET /ready``, ``/v2/health/ready`` and gRPC's
+``ServerReady`` all read :meth:`Catalog.reasons`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, ItemsView, ValuesView
 
+from clipper.batching.scheduler import ModelScheduler
 from clipper.registry import Application, ModelVersion, Registry
+from clipper.rollout import Rollout
 
-if TYPE_CHECKING:
-    from clipper.batching.scheduler import ModelScheduler
-    from clipper.frontend.query import QueryProcessor
-    from clipper.metrics import Metrics
+__all__ = ["Catalog", "Key", "Listener", "SchedulerTable"]
 
-__all__ = ["Catalog", "QueryServices"]
+Key = tuple[str, str]  # (model, version)
+# Told of each write: the key, and its scheduler now (None: removed).
+Listener = Callable[[Key, ModelScheduler | None], None]
+
+
+class SchedulerTable:
+    """The schedulers serving now. Written by the reconciler alone; read through a
+    :class:`Catalog`."""
+
+    __slots__ = ("_by_key", "_listeners", "generation")
+
+    def __init__(self) -> None:
+        self._by_key: dict[Key, ModelScheduler] = {}
+        self._listeners: list[Listener] = []
+        self.generation = 0  # advances on every write: readers can tell a snapshot is stale
+
+    def put(self, key: Key, sched: ModelScheduler) -> None:
+        if self._by_key.get(key) is sched:
+            return
+        self._by_key[key] = sched
+        self._changed(key, sched)
+
+    def pop(self, key: Key) -> ModelScheduler | None:
+        sched = self._by_key.pop(key, None)
+        if sched is not None:
+            self._changed(key, None)
+        return sched
+
+    def get(self, key: Key) -> ModelScheduler | None:
+        return self._by_key.get(key)
+
+    def __getitem__(self, key: Key) -> ModelScheduler:
+        return self._by_key[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def items(self) -> ItemsView[Key, ModelScheduler]:
+        return self._by_key.items()
+
+    def values(self) -> ValuesView[ModelScheduler]:
+        return self._by_key.values()
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self, key: Key, sched: ModelScheduler | None) -> None:
+        self.generation += 1
+        for listener in self._listeners:
+            listener(key, sched)
 
 
 class Catalog:
-    def __init__(
-        self, registry: Registry, schedulers: dict[tuple[str, str], ModelScheduler]
-    ) -> None:
-        self.registry = registry
-        self.schedulers = schedulers
+    """Read-only answers about what is served; nothing here changes state."""
 
+    __slots__ = ("_current", "_models", "_schedulers", "_table", "registry")
+
+    def __init__(self, registry: Registry, table: SchedulerTable) -> None:
+        self.registry = registry
+        self._table = table
+        # The hot path's lookups, bound once (the registry mutates these dicts in place).
+        self._schedulers = table._by_key
+        self._current = registry.current
+        self._models = registry.models
+
+    # -- applications ----------------------------------------------------------------------
     def app(self, name: str) -> Application | None:
         return self.registry.apps.get(name)
+
+    def apps(self) -> list[Application]:
+        return list(self.registry.apps.values())
 
     def linked(self, app: str) -> list[str]:
         return self.registry.links.get(app) or []
@@ -39,19 +103,54 @@ class Catalog:
         linked = self.linked(app.name)
         return linked[0] if len(linked) == 1 else None
 
+    # -- versions --------------------------------------------------------------------------
+    def current(self, model: str) -> str | None:
+        """The version that answers ``model``'s unpinned queries (None: there is none)."""
+        return self._current.get(model)
+
     def version(self, model: str, version: str | None = None) -> ModelVersion | None:
         """``version`` of ``model``, or its current version; None when there is none."""
-        v = version if version is not None else self.registry.current.get(model)
-        return self.registry.models.get(model, {}).get(v) if v is not None else None
+        v = version if version is not None else self._current.get(model)
+        return self._models.get(model, {}).get(v) if v is not None else None
+
+    def has_version(self, model: str, version: str) -> bool:
+        return version in self._models.get(model, {})
 
     def versions(self, model: str) -> list[str]:
-        return sorted(self.registry.models.get(model, {}))
+        return sorted(self._models.get(model, {}))
 
-    def live(self, model: str, version: str | None) -> bool:
-        """A replica of the version is connected."""
-        sched = self.schedulers.get((model, version or ""))
-        return sched is not None and bool(sched.replicas)
+    def rollout(self, model: str) -> Rollout | None:
+        """The model's traffic split and shadow, if it has one."""
+        return self.registry.rollouts.get(model)
 
+    # -- schedulers ------------------------------------------------------------------------
+    @property
+    def generation(self) -> int:
+        return self._table.generation
+
+    def scheduler(self, model: str, version: str | None = None) -> ModelScheduler | None:
+        """The scheduler of ``model`` at ``version`` (None: its current version)."""
+        if version is None:
+            version = self._current.get(model)
+            if version is None:
+                return None
+        return self._schedulers.get((model, version))
+
+    def live(self, model: str, version: str | None = None) -> ModelScheduler | None:
+        """The scheduler of ``model`` at ``version`` (None: current) when a replica of it is
+        connected, else None."""
+        sched = self.scheduler(model, version)
+        return sched if sched is not None and sched.replicas else None
+
+    def schedulers(self) -> list[tuple[Key, ModelScheduler]]:
+        """Every scheduler serving now, by key, in key order."""
+        return sorted(self._schedulers.items(), key=lambda kv: kv[0])
+
+    def subscribe(self, listener: Listener) -> None:
+        """Be told of every scheduler added or removed (by the reconciler)."""
+        self._table.subscribe(listener)
+
+    # -- readiness -------------------------------------------------------------------------
     def unready(self) -> list[str]:
         """``model:version`` of every linked model whose current version should have replicas
         and has none connected."""
@@ -88,18 +187,4 @@ class Catalog:
 
     def app_ready(self, app: Application, version: str | None = None) -> bool:
         """A linked model (the requested version of it) has a replica connected."""
-        for name in self.linked(app.name):
-            v = version if version is not None else self.registry.current.get(name)
-            if v is not None and self.live(name, v):
-                return True
-        return False
-
-
-@dataclass(frozen=True, slots=True)
-class QueryServices:
-    """What the query-side protocols use: the read side, the query processor, the metrics."""
-
-    catalog: Catalog
-    processor: QueryProcessor
-    metrics: Metrics
-    queue_capacity: int
+        return any(self.live(name, version) is not None for name in self.linked(app.name))

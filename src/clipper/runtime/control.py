@@ -23,6 +23,7 @@ from clipper.managers.base import ContainerManager
 from clipper.persistence import StoreSync
 from clipper.registry import Application, Intent, ModelVersion, Registry
 from clipper.rollout import Rollout
+from clipper.runtime.catalog import Catalog
 from clipper.runtime.reconciler import Reconciler
 from clipper.scaling import AutoscaleConfig
 from clipper.store.base import DeletePrefix, StoreError
@@ -44,7 +45,7 @@ class Control:
         registry: Registry,
         sync: StoreSync,
         reconciler: Reconciler,
-        schedulers: dict[tuple[str, str], ModelScheduler],
+        catalog: Catalog,
         manager: ContainerManager,
         *,
         node_id: str,
@@ -52,7 +53,7 @@ class Control:
         self.registry = registry
         self.sync = sync
         self.reconciler = reconciler
-        self.schedulers = schedulers
+        self.catalog = catalog
         self.manager = manager
         self.node_id = node_id
         self._ready_events: dict[tuple[str, str], asyncio.Event] = {}
@@ -348,7 +349,7 @@ class Control:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ready_timeout_s
         while True:
-            sched = self.schedulers.get(key)
+            sched = self.catalog.scheduler(*key)
             if sched is not None and len(sched.replicas) >= n:
                 return
             failed = [

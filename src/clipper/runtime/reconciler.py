@@ -26,6 +26,7 @@ from clipper.clock import Clock, TimerHandle, wait_event
 from clipper.errors import RegistryError
 from clipper.managers.base import ContainerManager
 from clipper.registry import Change, ModelVersion, Registry
+from clipper.runtime.catalog import SchedulerTable
 
 __all__ = ["Reconciler"]
 
@@ -42,7 +43,7 @@ class Reconciler:
         self,
         registry: Registry,
         manager: ContainerManager,
-        schedulers: dict[Key, ModelScheduler],
+        schedulers: SchedulerTable,
         *,
         clock: Clock,
         make_scheduler: Callable[[ModelVersion, float], ModelScheduler],
@@ -128,7 +129,7 @@ class Reconciler:
         if change.kind == "model" and change.version is not None:
             key = (change.name, change.version)
             if change.op == "delete":
-                sched = self.schedulers.pop(key, None)
+                sched = self.schedulers.pop(key)
                 if sched is not None:
                     self._retiring[key] = sched
             else:
@@ -142,7 +143,7 @@ class Reconciler:
                     sched.reconfigure(mv)  # new batching: controllers start again
                 else:
                     sched.mv = mv  # labels, replica count, keep: nothing to restart
-                self.schedulers[key] = sched
+                self.schedulers.put(key, sched)
                 self._known[key] = mv
             self._mark(key)
         elif change.kind in ("version", "intent", "replicas", "rollout"):

@@ -12,9 +12,10 @@ import itertools
 import logging
 from collections.abc import Callable
 
-from clipper.batching.scheduler import ModelScheduler, Replica
+from clipper.batching.scheduler import Replica
 from clipper.clock import Clock, wait_event
 from clipper.rpc import wire
+from clipper.runtime.catalog import Catalog
 
 __all__ = ["ReplicaDirectory"]
 
@@ -26,13 +27,13 @@ _DRAIN_TIMEOUT_S = 2.0
 class ReplicaDirectory:
     def __init__(
         self,
-        schedulers: dict[tuple[str, str], ModelScheduler],
+        catalog: Catalog,
         *,
         clock: Clock,
         replica_timeout_s: float,
         v3_replica_timeout_s: float,
     ) -> None:
-        self.schedulers = schedulers
+        self.catalog = catalog
         self.clock = clock
         self.replica_timeout_s = replica_timeout_s
         self.v3_replica_timeout_s = v3_replica_timeout_s
@@ -42,7 +43,7 @@ class ReplicaDirectory:
         self._by_token: dict[str, Replica] = {}
 
     def register(self, meta: wire.NewContainer, identity: bytes) -> Replica | None:
-        sched = self.schedulers.get((meta.name, meta.version))
+        sched = self.catalog.scheduler(meta.name, meta.version)
         if sched is None:
             log.debug(
                 "container for unknown model %s:%s; asking again later", meta.name, meta.version

@@ -35,12 +35,12 @@ from clipper.frontend.grpc.server import (
     error_status,
     submit_infer,
 )
-from clipper.frontend.prediction import answer_failed
+from clipper.query.prediction import answer_failed
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
-    from clipper.runtime.catalog import QueryServices
+    from clipper.query.runtime import QueryServices
 
 __all__ = ["NativeGrpcServer", "header_block"]
 

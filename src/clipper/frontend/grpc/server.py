@@ -29,7 +29,6 @@ from clipper.frontend import v2
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
 from clipper.frontend.model_failure import model_failure
-from clipper.frontend.prediction import Prediction, answer_failed
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
     InferRequest,
@@ -43,10 +42,11 @@ from clipper.frontend.v2_request import (
     resolve_version,
     timeout_slo,
 )
+from clipper.query.prediction import Prediction, answer_failed
 
 if TYPE_CHECKING:
+    from clipper.query.runtime import QueryServices
     from clipper.registry import Application
-    from clipper.runtime.catalog import QueryServices
 
 __all__ = [
     "InferReply",
@@ -180,16 +180,13 @@ def submit_infer(svc: QueryServices, request: Any, reply: InferReply) -> None:
     try:
         app = find_app(svc.catalog.registry, request.model_name)
         infer = parse_infer(request)
-        payloads = input_payloads(app, infer.inputs, svc.processor.max_items)
+        payloads = input_payloads(app, infer.inputs, svc.max_items)
         version = request.model_version or None
         reply.version = resolve_version(svc.catalog.registry, app, version)
         reply.model = app.name
         reply.app = app
         reply.infer = infer
-        processor = svc.processor
-        processor.predict_payloads(
-            app, payloads, version, "", reply, processor.clock.now(), infer.slo_s
-        )
+        svc.processor.predict(app, payloads, version, "", reply, svc.clock.now(), infer.slo_s)
     except RequestError:
         raise
     except Exception as e:

@@ -1,8 +1,10 @@
-"""One pipeline query: its stages run as their inputs become ready, each under its deadline.
+"""The pipeline runner: one query's stages run as their inputs become ready, each under its
+deadline.
 
-Callback-driven like the single-model path (no task per query). A model stage goes through the
-same prediction cache and batching queue as a single-model query (:meth:`QueryProcessor.submit`);
-an application stage runs that application's query path (its selection policy). A stage that
+Callback-driven like the single-model runner (no task per query). A model stage goes through
+the submit seam like a single-model query; an application stage is run by that application's
+own runner (single model, split or selection), taken from the table of stage runners it was
+built with — never through the processor. A stage that
 misses its deadline or fails answers its own default (listed under ``degraded``), is dropped
 (``optional``), or, when required, ends the query at once with the application's default and
 the reason; no later stage starts then.
@@ -10,83 +12,37 @@ the reason; no later stage starts then.
 
 from __future__ import annotations
 
-import base64
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-import orjson
-
-from clipper.clock import TimerHandle
+from clipper.batching.scheduler import ModelScheduler
+from clipper.clock import Clock, TimerHandle
 from clipper.errors import BadInputError, DeadlineExceeded, OverloadedError, RequestError
-from clipper.frontend.prediction import DefaultReason, Prediction, Reply, fail_internal
 from clipper.inputs import InputType, parse_input
+from clipper.metrics import Metrics
 from clipper.pipeline.metrics import StageMetrics
 from clipper.pipeline.plan import StagePlan, critical_path, stage_deadline
-from clipper.pipeline.spec import REQUEST, Const, Pipeline, Ref, Stage, refs_in
+from clipper.pipeline.spec import REQUEST, Pipeline, Ref, Stage, refs_in
+from clipper.pipeline.values import DROPPED, decode_payload, plain, resolve
+from clipper.query.answers import Answers
+from clipper.query.kinds import RunnerTable
+from clipper.query.prediction import (
+    DefaultReason,
+    Prediction,
+    QueryRejected,
+    Reply,
+    fail_internal,
+)
+from clipper.query.seam import SubmitSeam
 from clipper.registry import Application
+from clipper.runtime.catalog import Catalog
 
-if TYPE_CHECKING:
-    from clipper.batching.scheduler import ModelScheduler
-    from clipper.frontend.query import QueryProcessor
-
-__all__ = ["PipelineRuntime", "decode_payload", "resolve"]
+__all__ = ["PipelineRunner"]
 
 log = logging.getLogger("clipper.pipeline")
 
-_DROPPED: Any = type("Dropped", (), {"__repr__": lambda self: "DROPPED"})()
 _REQUEST_REF = Ref(REQUEST, ())
-
-
-def decode_payload(itype: InputType, payload: bytes) -> Any:
-    """An input in its wire form (:func:`parse_input`'s result) as the JSON value it came from
-    (``bytes`` as base64 text, as a request carries it)."""
-    if itype is InputType.JSON:
-        return orjson.loads(payload)
-    if itype is InputType.STRINGS:
-        return payload.decode("utf-8", "replace")
-    if itype is InputType.BYTES:
-        return base64.b64encode(payload).decode()
-    return np.frombuffer(payload, dtype=itype.numpy_dtype).tolist()
-
-
-def _field(value: Any, ref: Ref) -> Any:
-    for i, key in enumerate(ref.path):
-        if isinstance(value, dict) and key in value:
-            value = value[key]
-        elif (
-            isinstance(value, list)
-            and key.lstrip("-").isdigit()
-            and -len(value) <= int(key) < len(value)
-        ):
-            value = value[int(key)]
-        else:
-            where = "$" + ".".join((ref.source, *ref.path[:i])) if i else f"${ref.source}"
-            kind = type(value).__name__ if value is not None else "null"
-            raise BadInputError(f"{ref} does not exist: {where} is {kind} without '{key}'")
-    return value
-
-
-def resolve(expr: Any, env: dict[str, Any]) -> Any:
-    """The value of a compiled expression; a dropped stage's output is null in a list and
-    leaves its key out of an object. Raises :class:`BadInputError` for a reference to a
-    field (or list index) the value lacks."""
-    kind = type(expr)
-    if kind is Const:
-        return expr.value
-    if kind is Ref:
-        value = env[expr.source]
-        return value if value is _DROPPED else _field(value, expr)
-    if kind is list:
-        return [None if v is _DROPPED else v for v in (resolve(e, env) for e in expr)]
-    out = {k: resolve(e, env) for k, e in expr.items()}
-    return {k: v for k, v in out.items() if v is not _DROPPED}
-
-
-def _plain(value: Any) -> Any:
-    tolist = getattr(value, "tolist", None)  # NumPy values decoded from a replica
-    return tolist() if callable(tolist) else value
 
 
 class _Call:
@@ -116,7 +72,7 @@ class _Call:
         if err is None:
             run.answered(self, value)
         else:
-            reason, why = run.q.rt.proc.explain(self.stage.model or "", err)
+            reason, why = run.q.rt.seam.explain(self.stage.model or "", err)
             run.missed(self, reason, why)
 
     # Reply, for an application stage
@@ -163,8 +119,8 @@ class _Run:
         self.advancing = False
 
     def request_value(self) -> Any:
-        value = self.env.get(REQUEST, _DROPPED)
-        if value is _DROPPED:
+        value = self.env.get(REQUEST, DROPPED)
+        if value is DROPPED:
             value = self.env[REQUEST] = decode_payload(self.q.app.input_type, self.payload)
         return value
 
@@ -198,7 +154,7 @@ class _Run:
                     r.source == REQUEST for r in refs_in(stage.input)
                 ):
                     self.request_value()
-                call.payload = q.rt.encode(stage, _plain(resolve(stage.input, self.env)))
+                call.payload = q.rt.encode(stage, plain(resolve(stage.input, self.env)))
         except BadInputError as e:
             self.missed(call, DefaultReason.ERROR, f"got no valid input: {e}")
             return
@@ -225,7 +181,7 @@ class _Run:
         m[0].observe(elapsed)
         m[2]["answered"].inc()
         self.q.plan.estimates[name].observe(elapsed)
-        self.finished(call, _plain(value))
+        self.finished(call, plain(value))
 
     def missed(self, call: _Call, reason: DefaultReason, why: str) -> None:
         stage = call.stage
@@ -241,7 +197,7 @@ class _Run:
         elif stage.on_miss == "drop":
             m[2]["dropped"].inc()
             self.dropped.append(stage.name)
-            self.finished(call, _DROPPED)
+            self.finished(call, DROPPED)
         else:
             m[2]["failed"].inc()
             self.fail(call, reason, f"Pipeline stage '{stage.name}' ({stage.target}) {why}")
@@ -286,7 +242,7 @@ class _Run:
             pred = Prediction(0, q.app.default_value, DefaultReason.ERROR,
                               f"The pipeline's output could not be made: {e}")  # fmt: skip
         else:
-            pred = Prediction(0, None if output is _DROPPED else output)
+            pred = Prediction(0, None if output is DROPPED else output)
         q.item_done(self.i, pred, tuple(self.degraded), tuple(self.dropped))
 
 
@@ -294,7 +250,7 @@ class _PipelineQuery:
     __slots__ = ("app", "end", "pipeline", "plan", "predictions", "remaining", "reply",
                  "reserves", "rt", "t0", "uid", "weights")  # fmt: skip
 
-    def __init__(self, rt: PipelineRuntime, app: Application, n: int, reply: Reply) -> None:
+    def __init__(self, rt: PipelineRunner, app: Application, n: int, reply: Reply) -> None:
         self.rt = rt
         self.app = app
         assert app.stages is not None
@@ -331,15 +287,28 @@ class _PipelineQuery:
                 fail_internal(reply, f"answering a query of pipeline '{self.app.name}'", e)
 
 
-class PipelineRuntime:
-    """The pipelines of one frontend: their budgets (latency estimates) and their queries."""
+class PipelineRunner:
+    """The pipelines of one frontend: their budgets (latency estimates) and their queries.
+    ``stages`` runs the application stages (it has no pipeline runner: a stage never names a
+    pipeline)."""
 
-    def __init__(self, proc: QueryProcessor) -> None:
-        self.proc = proc
-        self.clock = proc.clock
-        self.metrics = StageMetrics(proc.metrics.registry)
+    def __init__(
+        self,
+        seam: SubmitSeam,
+        catalog: Catalog,
+        answers: Answers,
+        stages: RunnerTable,
+        *,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self.seam = seam
+        self.catalog = catalog
+        self.answers = answers
+        self.stages = stages
+        self.clock = clock
+        self.metrics = StageMetrics(metrics.registry)
         self._plans: dict[str, StagePlan] = {}
-        self._app_metrics: dict[str, tuple[Any, Any]] = {}
 
     def plan(self, app: Application) -> StagePlan:
         plan = self._plans.get(app.name)
@@ -353,16 +322,16 @@ class PipelineRuntime:
             plan = self._plans[app.name] = StagePlan(app.stages)
         return plan
 
-    def forget(self, app_name: str) -> None:
+    def forget_app(self, app_name: str) -> None:
         self._plans.pop(app_name, None)
-        self._app_metrics.pop(app_name, None)
         self.metrics.forget(app_name)
 
     # -- a query -------------------------------------------------------------------------------
-    def predict(  # noqa: PLR0917 (the query path's shape)
+    def run(  # noqa: PLR0917 (the query path's shape)
         self,
         app: Application,
         payloads: list[bytes],
+        version: str | None,
         uid: str,
         reply: Reply,
         t0: float,
@@ -381,8 +350,6 @@ class PipelineRuntime:
         if cause is not None:
             self.metrics.shed.labels(app=app.name).inc()
             if app.overload == "reject":
-                from clipper.frontend.query import QueryRejected
-
                 q.reply = None
                 reply.fail(QueryRejected(cause))
                 return
@@ -417,32 +384,24 @@ class PipelineRuntime:
     def answered(self, q: _PipelineQuery) -> list[Prediction]:
         """The finished query's predictions, with query ids, counted in the app's metrics."""
         app = q.app.name
-        m = self._app_metrics.get(app)
-        if m is None:
-            metrics = self.proc.metrics
-            m = self._app_metrics[app] = (
-                metrics.requests.labels(app=app),
-                metrics.latency.labels(app=app),
-            )
-        m[0].inc()
-        m[1].observe(self.clock.now() - q.t0)
+        answers = self.answers
+        answers.answered(app, q.t0)
         out: list[Prediction] = []
         for pred in q.predictions:
             assert pred is not None
             if pred.reason is not None:
-                self.proc.metrics.defaults.labels(app=app, reason=pred.reason).inc()
-            out.append(replace(pred, query_id=self.proc.next_query_id()))
+                answers.defaulted(app, pred.reason)
+            out.append(replace(pred, query_id=answers.next_id()))
         return out
 
     # -- stages --------------------------------------------------------------------------------
     def _scheds(self, stage: Stage) -> list[ModelScheduler]:
         """The schedulers that serve a stage now (an application stage: its linked models')."""
-        reg = self.proc.registry
-        models = [stage.model] if stage.model is not None else reg.links.get(stage.app or "", [])
+        catalog = self.catalog
+        models = [stage.model] if stage.model is not None else catalog.linked(stage.app or "")
         out = []
         for model in models:
-            version = reg.current.get(model)
-            sched = self.proc.schedulers.get((model, version)) if version is not None else None
+            sched = catalog.scheduler(model)
             if sched is not None:
                 out.append(sched)
         return out
@@ -456,12 +415,10 @@ class PipelineRuntime:
         return max((s.expected_latency_s() for s in self._scheds(stage)), default=0.0)
 
     def input_type(self, stage: Stage) -> InputType | None:
-        reg = self.proc.registry
         if stage.app is not None:
-            app = reg.apps.get(stage.app)
+            app = self.catalog.app(stage.app)
             return app.input_type if app is not None else None
-        version = reg.current.get(stage.model or "")
-        mv = reg.models.get(stage.model or "", {}).get(version or "")
+        mv = self.catalog.version(stage.model or "")
         return mv.input_type if mv is not None else None
 
     def encode(self, stage: Stage, value: Any) -> bytes:
@@ -473,9 +430,8 @@ class PipelineRuntime:
     def ask_model(self, call: _Call) -> None:
         stage = call.stage
         model = stage.model or ""
-        reg = self.proc.registry
-        version = reg.current.get(model)
-        sched = self.proc.schedulers.get((model, version)) if version is not None else None
+        version = self.catalog.current(model)
+        sched = self.catalog.scheduler(model, version) if version is not None else None
         if sched is None or not call.payload:
             call.run.missed(call, DefaultReason.NO_MODEL, f"has no version of model '{model}' "
                             "to run")  # fmt: skip
@@ -490,23 +446,19 @@ class PipelineRuntime:
     def submit(self, call: _Call) -> None:
         sched = call.sched
         assert sched is not None
-        model = call.stage.model or ""
-        if self.proc.submit(
-            call.run.q.app, model, sched.mv.version, sched, call.payload, call.deadline, call.done
-        ):
+        if self.seam.submit(call.run.q.app, sched, call.payload, call.deadline, call.done):
             sched.pump()
 
     def ask_app(self, call: _Call, uid: str) -> None:
-        app = self.proc.registry.apps.get(call.stage.app or "")
+        app = self.catalog.app(call.stage.app or "")
         if app is None or app.stages is not None or not call.payload:
             call.run.missed(call, DefaultReason.NO_MODEL, "names no application with a "
                             "selection policy")  # fmt: skip
             return
         now = self.clock.now()
+        budget = min(app.slo_s, call.deadline - now + app.answer_margin_s)
         try:
-            self.proc.predict_payloads(
-                app, [call.payload], None, uid, call, now, call.deadline - now + app.answer_margin_s
-            )
+            self.stages.pick(app, None).run(app, [call.payload], None, uid, call, now, budget)
         except RequestError as e:
             if not call.over:
                 call.run.missed(call, DefaultReason.ERROR, f"was refused: {e}")

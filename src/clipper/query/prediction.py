@@ -1,30 +1,47 @@
-"""The typed answer of a query, before any protocol has encoded it.
+"""The typed answer of a query, before any protocol has encoded it: the records that cross
+the seam between the query runtime and the protocols.
 
-The query processor produces one :class:`Prediction` per input and hands the list to the
-request's :class:`Reply`; each protocol (Clipper REST, V2 REST, V2 gRPC) encodes it once, at
-its own edge, and renders a refused query (a :class:`RequestError`) in its own error form.
+A runner produces one :class:`Prediction` per input and hands the list to the request's
+:class:`Reply`, or refuses the query (:class:`QueryRejected`, a :class:`RequestError`); each
+protocol (Clipper REST, V2 REST, V2 gRPC) encodes either once, at its own edge, in its own form.
+The explanations of default outputs (:data:`NO_MODELS`, :data:`SLO_MISSED`) are the original
+Clipper's, word for word.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from clipper.errors import RequestError
+from clipper.errors import PayloadTooLarge, RequestError
 
 __all__ = [
+    "NO_MODELS",
+    "SLO_MISSED",
     "AnswerFailed",
     "DefaultReason",
     "FeedbackReply",
     "Prediction",
+    "QueryProcessingError",
+    "QueryRejected",
     "Reply",
+    "Waiter",
     "answer_failed",
     "fail_internal",
+    "too_many_items",
 ]
 
 log = logging.getLogger("clipper.answers")
+
+# The original's two explanations, kept word for word.
+NO_MODELS = "No connected models found for query"
+SLO_MISSED = "Failed to retrieve a prediction response within the specified latency SLO"
+
+# Where one model's output for one input goes: (value, None) or (None, the error).
+Waiter = Callable[[object, BaseException | None], None]
 
 
 class DefaultReason(enum.StrEnum):
@@ -85,6 +102,28 @@ class FeedbackReply(Protocol):
 
     def fail(self, err: RequestError) -> None:
         """The feedback could not be learned from."""
+
+
+class QueryRejected(RequestError):
+    """The application asked for 503 rather than a default output under overload."""
+
+    status = 503
+    error = "Service unavailable"
+
+
+class QueryProcessingError(RequestError):
+    """A query that names what the application cannot do (a version with several models
+    linked, a version that does not exist)."""
+
+    status = 400
+    error = "Query processing error"
+
+
+def too_many_items(n: int, limit: int, what: str) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"{what} has {n} items; at most {limit} are accepted per request "
+        "(max_items_per_request): split it into several requests"
+    )
 
 
 class AnswerFailed(RequestError):

@@ -1,4 +1,5 @@
-"""Queries and feedback for applications with a selection policy over several models.
+"""The selection runner: queries and feedback of applications with a selection policy over
+several models.
 
 The policy chooses which linked models evaluate a query; each chosen model's output comes
 through the prediction cache and its own batching queue, exactly as for one model. At the
@@ -16,11 +17,9 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import orjson
-
-from clipper.clock import TimerHandle, wait_all
+from clipper.clock import Clock, TimerHandle, wait_all
 from clipper.errors import (
     BadInputError,
     ClipperError,
@@ -29,29 +28,33 @@ from clipper.errors import (
     ReplicaError,
     RequestError,
 )
-from clipper.frontend.prediction import (
+from clipper.metrics import Metrics
+from clipper.query.answers import Answers
+from clipper.query.prediction import (
     DefaultReason,
     FeedbackReply,
     Prediction,
     Reply,
+    Waiter,
     fail_internal,
 )
-from clipper.inputs import parse_input
+from clipper.query.seam import SubmitSeam
+from clipper.query.traffic import Traffic
 from clipper.registry import Application
+from clipper.runtime.catalog import Catalog
 from clipper.selection import SelectionPolicy, UserStates, make_loss, make_policy
 from clipper.selection.base import Loss, State
 from clipper.selection.draws import Draw, Draws
 
-if TYPE_CHECKING:
-    from clipper.frontend.query import QueryProcessor
-
 __all__ = [
     "EnsembleQuery",
+    "FeedbackError",
+    "Misconfigured",
+    "NoPrediction",
+    "OnFeedback",
     "Selection",
-    "SelectionRuntime",
+    "SelectionRunner",
     "combine_one",
-    "parse_feedback",
-    "parse_uid",
 ]
 
 log = logging.getLogger("clipper.selection")
@@ -60,6 +63,8 @@ STATE_CAPACITY = 10_000
 FEEDBACK_WAIT_S = 5.0
 Persist = Callable[[str, str, State], None]  # (app, uid, state)
 Fetch = Callable[[str, str], Awaitable[Any]]  # (app, uid) -> the persisted state or None
+# Online learning: (app, models, input payload, label) for containers with update().
+OnFeedback = Callable[[Application, list[str], bytes, Any], None]
 
 
 class Misconfigured(RequestError):
@@ -99,19 +104,32 @@ class Selection:
         self.loss: Loss = make_loss(app.loss, scale=app.loss_scale)
 
 
-class SelectionRuntime:
+class SelectionRunner:
     """The selection layer of one frontend: a :class:`Selection` per application, rebuilt
-    when its links or settings change, and the persistence of user states."""
+    when its links or settings change, and the persistence of user states. Each chosen
+    model's version is its rollout's pick (``traffic``) or its current one."""
 
     def __init__(
         self,
-        proc: QueryProcessor,
+        seam: SubmitSeam,
+        catalog: Catalog,
+        answers: Answers,
         *,
+        clock: Clock,
+        metrics: Metrics,
+        traffic: Traffic | None = None,
         rng: random.Random | None = None,
         persist: Persist | None = None,
         fetch: Fetch | None = None,
+        on_feedback: OnFeedback | None = None,
     ) -> None:
-        self.proc = proc
+        self.seam = seam
+        self.catalog = catalog
+        self.answers = answers
+        self.clock = clock
+        self.metrics = metrics
+        self.traffic = traffic
+        self.on_feedback = on_feedback
         self.rng = rng or random.Random()
         self.persist = persist
         self.fetch = fetch  # async (app, uid) -> persisted state or None
@@ -120,7 +138,7 @@ class SelectionRuntime:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def selection(self, app: Application) -> Selection:
-        models = self.proc.registry.links.get(app.name) or []
+        models = self.catalog.linked(app.name)
         sel = self._by_app.get(app.name)
         if sel is None or sel.app is not app or sel.models != tuple(models):
             if not models:
@@ -137,7 +155,7 @@ class SelectionRuntime:
             self._by_app[app.name] = sel
         return sel
 
-    def forget(self, app_name: str) -> None:
+    def forget_app(self, app_name: str) -> None:
         self._by_app.pop(app_name, None)
         self._draws.pop(app_name, None)
 
@@ -164,15 +182,18 @@ class SelectionRuntime:
         return state
 
     # -- queries -------------------------------------------------------------------------------
-    def predict(  # noqa: PLR0917 (called per query)
+    def run(  # noqa: PLR0917 (called per query)
         self,
         app: Application,
         payloads: list[bytes],
+        version: str | None,
         uid: str,
         reply: Reply,
         t0: float,
         slo_s: float,
     ) -> None:
+        """``version`` is None: a selection application picks each model's version itself
+        (the processor refuses a pinned version when several models are linked)."""
         sel = self.selection(app)
         if uid in sel.states:
             self._run(sel, sel.states.get(uid), payloads, uid, reply, t0, slo_s)
@@ -197,7 +218,6 @@ class SelectionRuntime:
         t0: float,
         slo_s: float,
     ) -> None:
-        proc = self.proc
         app = sel.app
         chosen = sel.policy.select(state, self.rng)
         if sel.policy.bandit_feedback:
@@ -207,13 +227,14 @@ class SelectionRuntime:
                 draws.record(uid, payload, draw)
         deadline = t0 + slo_s
         q = EnsembleQuery(
-            proc, sel, state, chosen, len(payloads), reply=reply, t0=t0, deadline=deadline
+            self, sel, state, chosen, len(payloads), reply=reply, t0=t0, deadline=deadline
         )
+        catalog, seam, traffic = self.catalog, self.seam, self.traffic
         for model in chosen:
-            version, shadow = proc.registry.current.get(model), None
-            if proc.traffic is not None and model in proc.registry.rollouts:
-                version, shadow = proc.traffic.route(model, uid, slo_s)
-            sched = proc.schedulers.get((model, version or ""))
+            version, shadow = catalog.current(model), None
+            if traffic is not None and catalog.rollout(model) is not None:
+                version, shadow = traffic.route(model, uid, slo_s)
+            sched = catalog.scheduler(model, version) if version is not None else None
             if version is None or sched is None or not sched.replicas:
                 gone = ReplicaError(f"no replica of model {model}:{version} is alive")
                 for i in range(q.n):
@@ -224,21 +245,22 @@ class SelectionRuntime:
                 waiter = q.waiter(i, model)
                 if shadow is not None:
                     waiter = shadow.wrap(payload, waiter)
-                submitted |= proc.submit(app, model, version, sched, payload, deadline, waiter)
+                submitted |= seam.submit(app, sched, payload, deadline, waiter)
             if submitted:
                 sched.pump()
             if shadow is not None:
                 shadow.fire()
         if q.reply is not None:
-            q.timer = proc.clock.call_later(
-                max(deadline - app.answer_margin_s - proc.clock.now(), 0.0), q.on_deadline
+            q.timer = self.clock.call_later(
+                max(deadline - app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
             )
 
     # -- feedback ----------------------------------------------------------------------------
-    def feedback(self, app: Application, body: bytes, reply: FeedbackReply) -> None:
-        """Validate now (a bad request is answered 400 at once); learn in a task."""
-        item, label, uid = parse_feedback(app, body)
-        payload = parse_input(app.input_type, item)
+    def feedback(
+        self, app: Application, payload: bytes, label: Any, uid: str, reply: FeedbackReply
+    ) -> None:
+        """Check now (an application with nothing to learn about is answered 400 at once);
+        learn in a task."""
         sel = self.selection(app)
         self.spawn(self._learn(sel, payload, label, uid, reply))
 
@@ -250,7 +272,7 @@ class SelectionRuntime:
         uid: str,
         reply: FeedbackReply,
     ) -> None:
-        proc, app = self.proc, sel.app
+        app, catalog = sel.app, self.catalog
         try:
             state = await self.state_for(sel, uid)
             drawn: dict[str, float] | None = None
@@ -264,12 +286,12 @@ class SelectionRuntime:
             missing: list[tuple[str, str]] = []
             for model in models:
                 # The version this user's queries go to (a non-sticky split draws again).
-                version = proc.registry.current.get(model)
-                if proc.traffic is not None and model in proc.registry.rollouts:
-                    version = proc.traffic.pick(model, uid)
+                version = catalog.current(model)
+                if self.traffic is not None and catalog.rollout(model) is not None:
+                    version = self.traffic.pick(model, uid)
                 if version is None:
                     continue
-                cached = proc.cache.peek((model, version, payload))
+                cached = self.seam.peek(model, version, payload)
                 if cached is not None:
                     outputs[model] = cached
                 else:
@@ -288,8 +310,8 @@ class SelectionRuntime:
             sel.states.put(uid, state)
             if self.persist is not None:
                 self.persist(app.name, uid, state)
-            if app.online_learning and proc.on_feedback is not None:
-                proc.on_feedback(app, list(outputs), payload, label)
+            if app.online_learning and self.on_feedback is not None:
+                self.on_feedback(app, list(outputs), payload, label)
             reply.received()
         except ClipperError as e:
             reply.fail(FeedbackError(str(e)))
@@ -308,12 +330,12 @@ class SelectionRuntime:
     async def _ask(
         self, app: Application, payload: bytes, models: list[tuple[str, str]]
     ) -> dict[str, Any]:
-        proc = self.proc
         loop = asyncio.get_running_loop()
-        deadline = proc.clock.now() + max(app.slo_s, FEEDBACK_WAIT_S)
+        clock = self.clock
+        deadline = clock.now() + max(app.slo_s, FEEDBACK_WAIT_S)
         futures: dict[str, asyncio.Future[Any]] = {}
         for model, version in models:
-            sched = proc.schedulers.get((model, version))
+            sched = self.catalog.scheduler(model, version)
             if sched is None or not sched.replicas:
                 continue
             fut: asyncio.Future[Any] = loop.create_future()
@@ -328,11 +350,25 @@ class SelectionRuntime:
                         f.set_exception(err)
 
             futures[model] = fut
-            if proc.submit(app, model, version, sched, payload, deadline, done):
+            if self.seam.submit(app, sched, payload, deadline, done):
                 sched.pump()
         if futures:
-            await wait_all(proc.clock, futures.values(), deadline - proc.clock.now())
+            await wait_all(clock, futures.values(), deadline - clock.now())
         return {m: f.result() for m, f in futures.items() if f.done() and f.exception() is None}
+
+    def predictions(self, q: EnsembleQuery) -> list[Prediction]:
+        """The combined answers of a query (query ids in input order), counted in the
+        application's metrics."""
+        answers = self.answers
+        app_name = q.app.name
+        answers.answered(app_name, q.t0)
+        out: list[Prediction] = []
+        for i in range(q.n):
+            pred = combine_one(q, i, answers.next_id())
+            if pred.reason is not None:
+                answers.defaulted(app_name, pred.reason)
+            out.append(pred)
+        return out
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -356,9 +392,9 @@ class EnsembleQuery:
         "errors",
         "n",
         "outputs",
-        "proc",
         "remaining",
         "reply",
+        "run",
         "sel",
         "state",
         "t0",
@@ -367,7 +403,7 @@ class EnsembleQuery:
 
     def __init__(
         self,
-        proc: QueryProcessor,
+        run: SelectionRunner,
         sel: Selection,
         state: State,
         chosen: list[str],
@@ -377,7 +413,7 @@ class EnsembleQuery:
         t0: float,
         deadline: float,
     ) -> None:
-        self.proc = proc
+        self.run = run
         self.sel = sel
         self.app = sel.app
         self.state = state
@@ -391,7 +427,7 @@ class EnsembleQuery:
         self.deadline = deadline
         self.timer: TimerHandle | None = None
 
-    def waiter(self, i: int, model: str) -> Callable[[object, BaseException | None], None]:
+    def waiter(self, i: int, model: str) -> Waiter:
         def done(value: object, err: BaseException | None) -> None:
             self.fill(i, model, value, err)
 
@@ -423,7 +459,7 @@ class EnsembleQuery:
             self.timer.cancel()
             self.timer = None
         try:
-            reply.answer(self.proc.ensemble_predictions(self))
+            reply.answer(self.run.predictions(self))
         except Exception as e:  # runs in a replica's or the timer's callback
             fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
 
@@ -432,10 +468,9 @@ def _late(q: EnsembleQuery, missing: list[str]) -> BaseException:
     """Why no chosen model answered by the deadline: each had a replica when the query was
     queued (else it was answered at once); if none of them has one now, their replicas failed
     or left with the query (a replica failure), else the deadline came first."""
-    proc = q.proc
+    catalog = q.run.catalog
     for model in missing:
-        sched = proc.schedulers.get((model, proc.registry.current.get(model) or ""))
-        if sched is not None and sched.replicas:
+        if catalog.live(model) is not None:
             return DeadlineExceeded("no model answered in time")
     if not missing:
         return DeadlineExceeded("no model answered in time")
@@ -446,18 +481,18 @@ def _late(q: EnsembleQuery, missing: list[str]) -> BaseException:
 
 def combine_one(q: EnsembleQuery, i: int, query_id: int) -> Prediction:
     """The answer for input ``i``: combined outputs, or the default output and why."""
-    app, proc = q.app, q.proc
+    app, run = q.app, q.run
     arrived = q.outputs[i]
     missing = [m for m in q.chosen if m not in arrived]
     for model in missing:
-        proc.metrics.missing.labels(app=app.name, model=model).inc()
+        run.metrics.missing.labels(app=app.name, model=model).inc()
     if not arrived:
         errors = q.errors[i]
         if errors:
             model, err = next(iter(errors.items()))
-            reason, why = proc.explain(model, err)
+            reason, why = run.seam.explain(model, err)
         else:
-            reason, why = proc.explain("", _late(q, missing))
+            reason, why = run.seam.explain("", _late(q, missing))
         return Prediction(query_id, app.default_value, reason, why, (), 0.0)
     combined = q.sel.policy.combine(q.state, arrived)
     used = tuple(combined.used)
@@ -475,37 +510,3 @@ def combine_one(q: EnsembleQuery, i: int, query_id: int) -> Prediction:
             combined.confidence,
         )
     return Prediction(query_id, combined.output, None, "", used, combined.confidence)
-
-
-def parse_feedback(app: Application, body: bytes) -> tuple[Any, Any, str]:
-    """(input item, label, uid) from ``{"input", "label", "uid"?}``."""
-    expected = (
-        '{"input": <input>, "label": <JSON value, not null>, "uid": <string or int, optional>}'
-    )
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise BadInputError(f"Error parsing JSON: {e}. Expected JSON schema: {expected}") from None
-    if not isinstance(doc, dict) or "input" not in doc or "label" not in doc:
-        raise BadInputError(
-            "Error parsing JSON: feedback needs keys input and label. "
-            f"Expected JSON schema: {expected}"
-        )
-    if doc["label"] is None:
-        # A null label says nothing about any model: learning from it would score every
-        # model as wrong.
-        raise BadInputError(
-            f'Error parsing JSON: "label" is null; a label is the true output for the input. '
-            f"Expected JSON schema: {expected}"
-        )
-    return doc["input"], doc["label"], parse_uid(doc.get("uid"))
-
-
-def parse_uid(uid: Any) -> str:
-    if uid is None:
-        return ""
-    if isinstance(uid, bool) or not isinstance(uid, int | str):
-        raise BadInputError(
-            f'Error parsing JSON: "uid" must be a string or an integer, got {uid!r}'
-        )
-    return str(uid)

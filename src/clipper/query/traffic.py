@@ -1,4 +1,5 @@
-"""Canary splits and shadow traffic on the query path (the rules are in :mod:`clipper.rollout`).
+"""Canary splits and shadow traffic on the query path (the rules are in :mod:`clipper.rollout`):
+the version resolver of the split runner and of the selection runner.
 
 :meth:`Traffic.route` picks the version of a model that answers an unpinned query: the model's
 current version, or a draw from its split (by a hash of the ``uid`` when the split is sticky).
@@ -18,17 +19,15 @@ metrics, which the admin API's ``get_traffic`` summarises.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clipper.batching.queue import Task
+from clipper.batching.scheduler import ModelScheduler
 from clipper.clock import Clock
 from clipper.errors import DeadlineExceeded, ModelError, OverloadedError, ReplicaError
 from clipper.metrics import Metrics, histogram_quantile
-from clipper.registry import Registry
-
-if TYPE_CHECKING:
-    from clipper.batching.scheduler import ModelScheduler
+from clipper.query.prediction import Waiter
+from clipper.runtime.catalog import Catalog
 
 __all__ = ["MAX_SHADOW_IN_FLIGHT", "ShadowCopies", "Traffic"]
 
@@ -36,7 +35,6 @@ __all__ = ["MAX_SHADOW_IN_FLIGHT", "ShadowCopies", "Traffic"]
 # replica) before further ones are dropped.
 MAX_SHADOW_IN_FLIGHT = 256
 
-Waiter = Callable[[object, BaseException | None], None]
 _PENDING: Any = object()
 
 
@@ -228,15 +226,13 @@ class Traffic:
 
     def __init__(
         self,
-        registry: Registry,
-        schedulers: dict[tuple[str, str], ModelScheduler],
+        catalog: Catalog,
         *,
         clock: Clock,
         metrics: Metrics,
         rng: random.Random | None = None,
     ) -> None:
-        self.registry = registry
-        self.schedulers = schedulers
+        self.catalog = catalog
         self.clock = clock
         self.metrics = metrics
         self.rng = rng or random.Random()
@@ -244,15 +240,14 @@ class Traffic:
         self._routed: dict[tuple[str, str], tuple[_Tally, _Tally]] = {}
 
     def _live(self, model: str, version: str) -> ModelScheduler | None:
-        sched = self.schedulers.get((model, version))
-        return sched if sched is not None and sched.replicas else None
+        return self.catalog.live(model, version)
 
     def pick(self, model: str, uid: str) -> str | None:
         """The version an unpinned query of ``model`` for ``uid`` goes to (no counting, no
         fallback): the split's draw, or the current version."""
-        rollout = self.registry.rollouts.get(model)
+        rollout = self.catalog.rollout(model)
         if rollout is None or not rollout.split:
-            return self.registry.current.get(model)
+            return self.catalog.current(model)
         return rollout.pick(uid, self.rng)
 
     def route(
@@ -261,9 +256,9 @@ class Traffic:
         """The version that answers an unpinned query of ``model`` (None: none is current),
         and the shadow copies to make of its inputs (None: not shadowed), each with
         ``budget_s`` to answer from when it is sent."""
-        registry = self.registry
-        current = registry.current.get(model)
-        rollout = registry.rollouts.get(model)
+        catalog = self.catalog
+        current = catalog.current(model)
+        rollout = catalog.rollout(model)
         if rollout is None:
             return current, None
         version = current
@@ -322,8 +317,8 @@ class Traffic:
     def describe(self, model: str) -> dict[str, Any]:
         """The model's rollout and what it did on this frontend since it started: queries per
         split version, and per shadow version the comparisons, errors and latencies."""
-        registry = self.registry
-        rollout = registry.rollouts.get(model)
+        catalog = self.catalog
+        rollout = catalog.rollout(model)
         split_stats = {
             version: {"requests": routed.n, "fallbacks": fallback.n}
             for (name, version), (routed, fallback) in sorted(self._routed.items())
@@ -356,7 +351,7 @@ class Traffic:
             }
         return {
             "model_name": model,
-            "current_version": registry.current.get(model),
+            "current_version": catalog.current(model),
             "split": rollout.weights if rollout is not None and rollout.split else None,
             "shares": rollout.shares() if rollout is not None and rollout.split else None,
             "sticky": rollout.sticky if rollout is not None else False,

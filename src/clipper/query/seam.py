@@ -1,0 +1,132 @@
+"""The submit seam: the one way a runner hands work to the models.
+
+Every runner (single model, traffic split, selection, pipeline) reaches the models through this
+small interface and nothing else: submit one payload for one model version with a deadline and
+a waiter (through the prediction cache, which answers repeats and joins identical inputs in
+flight), say why a failure means a default output, and read the cache. The processor is never
+handed to a runner; the runners never know each other's queries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from clipper.batching.queue import Task
+from clipper.batching.scheduler import ModelScheduler
+from clipper.cache import CacheKey, Lookup, PredictionCache
+from clipper.clock import Clock
+from clipper.errors import (
+    DeadlineExceeded,
+    ModelError,
+    OverloadedError,
+    RegistryError,
+    ReplicaError,
+)
+from clipper.metrics import Metrics
+from clipper.query.prediction import NO_MODELS, SLO_MISSED, DefaultReason, Waiter
+from clipper.registry import Application
+
+__all__ = ["SubmitSeam", "Submitter", "explain"]
+
+
+def explain(model: str, err: BaseException) -> tuple[DefaultReason, str]:
+    """Why ``err`` from ``model`` answers the default output: the reason and its words."""
+    if isinstance(err, ModelError):
+        return DefaultReason.MODEL_ERROR, f"The model {model} raised an error: {err}"
+    if isinstance(err, OverloadedError):
+        return DefaultReason.OVERLOAD, f"Query shed under overload: {err}"
+    if isinstance(err, DeadlineExceeded):
+        return DefaultReason.SLO, SLO_MISSED
+    if isinstance(err, RegistryError):
+        return DefaultReason.NO_MODEL, NO_MODELS
+    if isinstance(err, ReplicaError):
+        return DefaultReason.NO_REPLICA, f"No replica of a chosen model is alive: {err}"
+    return DefaultReason.ERROR, f"{type(err).__name__}: {err}"
+
+
+class SubmitSeam(Protocol):
+    """What a runner may ask of the models."""
+
+    def submit(
+        self,
+        app: Application,
+        sched: ModelScheduler,
+        payload: bytes,
+        deadline: float,
+        waiter: Waiter,
+    ) -> bool:
+        """One input for the version ``sched`` serves: answered from the cache, joined to the
+        same input in flight, or queued (True: the caller pumps ``sched`` once for its whole
+        request). ``waiter`` gets the output or the error exactly once."""
+
+    def explain(self, model: str, err: BaseException) -> tuple[DefaultReason, str]:
+        """Why ``err`` means the default output, in the metric's reason and in words."""
+
+    def peek(self, model: str, version: str, payload: bytes) -> Any:
+        """The cached output for the input, or None (not counted as a hit or a miss)."""
+
+
+class Submitter:
+    """The seam over the prediction cache and the schedulers, counting cache hits and misses
+    per model version."""
+
+    __slots__ = ("_cache_metrics", "cache", "clock", "metrics")
+
+    def __init__(self, cache: PredictionCache, clock: Clock, metrics: Metrics) -> None:
+        self.cache = cache
+        self.clock = clock
+        self.metrics = metrics
+        self._cache_metrics: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def submit(
+        self,
+        app: Application,
+        sched: ModelScheduler,
+        payload: bytes,
+        deadline: float,
+        waiter: Waiter,
+    ) -> bool:
+        key: CacheKey | None = None
+        if app.cache:
+            mv = sched.mv
+            key = (mv.name, mv.version, payload)
+            status, value = self.cache.get_or_join(key, waiter)
+            hits, misses = self._counters(mv.name, mv.version)
+            if status is Lookup.HIT:
+                hits.inc()
+                waiter(value, None)
+                return False
+            misses.inc()
+            if status is Lookup.JOINED:
+                return False
+        task = Task(payload, deadline, self.clock.now(), key, None if key else waiter)
+        try:
+            sched.submit(task)
+        except OverloadedError as e:
+            if key is not None:
+                self.cache.fail(key, e)
+            else:
+                waiter(None, e)
+            return False
+        return True
+
+    def explain(self, model: str, err: BaseException) -> tuple[DefaultReason, str]:
+        return explain(model, err)
+
+    def peek(self, model: str, version: str, payload: bytes) -> Any:
+        return self.cache.peek((model, version, payload))
+
+    def forget_version(self, model: str, version: str) -> None:
+        """A deleted model version: drop the cache-metric children held for it (their series
+        were removed; a version registered again under the name gets new ones)."""
+        self._cache_metrics.pop((model, version), None)
+
+    def _counters(self, model: str, version: str) -> tuple[Any, Any]:
+        k = (model, version)
+        m = self._cache_metrics.get(k)
+        if m is None:
+            m = self._cache_metrics[k] = (
+                self.metrics.cache_hits.labels(model=model, version=version),
+                self.metrics.cache_misses.labels(model=model, version=version),
+            )
+        return m

@@ -1,0 +1,325 @@
+"""The single-model runner: an application that answers with one model's version (the current
+one, one the query pins, or, with :class:`~clipper.query.traffic.Traffic`, the version a canary
+split draws, shadow copies included).
+
+Callback-driven: a request costs a few objects and at most one timer, no task. Results reach a
+query through the submit seam (the prediction cache joins identical in-flight inputs); the
+deadline timer answers whatever is missing with the application's default output and the
+reason. Admission happens here too: a query the frontend's own backlog would make late is shed
+at once rather than queued (:meth:`SingleRunner._behind`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clipper.batching.scheduler import ModelScheduler
+from clipper.clock import Clock, TimerHandle
+from clipper.errors import DeadlineExceeded, OverloadedError
+from clipper.query.answers import Answers
+from clipper.query.loop_lag import LoopLagMonitor
+from clipper.query.prediction import (
+    NO_MODELS,
+    SLO_MISSED,
+    DefaultReason,
+    Prediction,
+    QueryProcessingError,
+    QueryRejected,
+    Reply,
+    Waiter,
+    fail_internal,
+)
+from clipper.query.seam import SubmitSeam
+from clipper.query.traffic import ShadowCopies, Traffic
+from clipper.registry import Application
+from clipper.runtime.catalog import Catalog
+
+__all__ = ["LAG_FLOOR_S", "LATE_ARRIVAL_SHARE", "SingleRunner"]
+
+_UNSET: Any = object()
+
+# Loop lag below this is timer noise (uvloop rounds timers to whole milliseconds), not a backlog.
+LAG_FLOOR_S = 0.002
+# A query that has already spent this share of its budget before reaching the processor came
+# through a backlog (socket, parser): it is priced against its deadline before being queued.
+LATE_ARRIVAL_SHARE = 0.25
+
+
+class _Query:
+    __slots__ = (
+        "app",
+        "deadline",
+        "defaults",
+        "explanations",
+        "model",
+        "n",
+        "outputs",
+        "payloads",
+        "remaining",
+        "reply",
+        "run",
+        "sched",
+        "shadow",
+        "t0",
+        "timer",
+        "version",
+    )
+
+    def __init__(
+        self, run: SingleRunner, app: Application, n: int, *, reply: Reply, t0: float, model: str
+    ) -> None:
+        self.run = run
+        self.app = app
+        self.n = n
+        self.outputs: list[Any] = [_UNSET] * n
+        self.defaults: list[DefaultReason | None] = [None] * n  # None: a model answered
+        self.explanations: list[str] = [""] * n
+        self.remaining = n
+        self.reply: Reply | None = reply
+        self.t0 = t0
+        self.timer: TimerHandle | None = None
+        self.model = model
+        self.version = ""
+        self.deadline = 0.0
+        self.payloads: list[bytes] = []
+        self.sched: ModelScheduler | None = None
+        self.shadow: ShadowCopies | None = None  # until its copies are fired
+
+    def waiter(self, i: int) -> Waiter:
+        def done(value: object, err: BaseException | None) -> None:
+            self.fill(i, value, err)
+
+        return done
+
+    def fill(self, i: int, value: object, err: BaseException | None) -> None:
+        if self.reply is None or self.remaining == 0:
+            return  # already answered (deadline) or this slot was already filled
+        if err is None:
+            self.outputs[i] = value
+        else:
+            if isinstance(err, DeadlineExceeded) and self.run.clock.now() < self.deadline:
+                # The expired task belonged to an earlier identical query that this one
+                # joined; this query has its own, later deadline: queue its input again.
+                self.run.enqueue(self, i)
+                return
+            if isinstance(err, DeadlineExceeded):
+                reason, why = self.late()
+            else:
+                reason, why = self.run.seam.explain(self.model, err)
+            if reason is DefaultReason.OVERLOAD and self.app.overload == "reject":
+                self.reject(str(err))
+                return
+            self.set_default(i, reason, why)
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.finish()
+
+    def set_default(self, i: int, reason: DefaultReason, why: str) -> None:
+        self.outputs[i] = self.app.default_value
+        self.defaults[i] = reason
+        self.explanations[i] = why
+
+    def all_default(self, reason: DefaultReason, why: str) -> None:
+        for i in range(self.n):
+            self.set_default(i, reason, why)
+        self.remaining = 0
+        self.finish()
+
+    def on_deadline(self) -> None:
+        self.timer = None
+        if self.reply is None:
+            return
+        reason, why = self.late()
+        for i in range(self.n):
+            if self.outputs[i] is _UNSET:
+                self.set_default(i, reason, why)
+        self.remaining = 0
+        self.finish()
+
+    def late(self) -> tuple[DefaultReason, str]:
+        """Why an input had no answer by its deadline. The query was queued while its version
+        had a replica; if none is left now, the replica failed or left with it (its batch was
+        queued again, and nothing could take it): a replica failure, not a missed SLO."""
+        sched = self.sched
+        if sched is not None and not sched.replicas:
+            return DefaultReason.NO_REPLICA, (
+                f"No replica of model {self.model}:{self.version} is alive: the replica "
+                "holding this query failed or left before answering"
+            )
+        return DefaultReason.SLO, SLO_MISSED
+
+    def reject(self, cause: str) -> None:
+        reply = self.reply
+        assert reply is not None
+        self.reply = None
+        if self.timer is not None:
+            self.timer.cancel()
+        reply.fail(QueryRejected(cause))
+
+    def finish(self) -> None:
+        reply = self.reply
+        assert reply is not None
+        self.reply = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        try:
+            reply.answer(self.run.predictions(self))
+        except Exception as e:  # runs in a replica's or the timer's callback
+            fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
+
+
+class SingleRunner:
+    """Queries of applications with one linked model. With ``traffic``, an unpinned query's
+    version is the one its model's rollout picks (and its inputs are shadowed as the rollout
+    says); without, the current version answers."""
+
+    def __init__(
+        self,
+        seam: SubmitSeam,
+        catalog: Catalog,
+        answers: Answers,
+        *,
+        clock: Clock,
+        traffic: Traffic | None = None,
+        loop_lag: LoopLagMonitor | None = None,
+    ) -> None:
+        self.seam = seam
+        self.catalog = catalog
+        self.answers = answers
+        self.clock = clock
+        self.traffic = traffic
+        # How far behind the event loop runs; None: never shed for lag (tests, embedders).
+        self.loop_lag = loop_lag
+
+    def run(  # noqa: PLR0917 (the hot path: no keyword packing)
+        self,
+        app: Application,
+        payloads: list[bytes],
+        version: str | None,
+        uid: str,
+        reply: Reply,
+        t0: float,
+        budget_s: float,
+    ) -> None:
+        linked = self.catalog.linked(app.name)
+        model = linked[0] if linked else ""
+        q = _Query(self, app, len(payloads), reply=reply, t0=t0, model=model)
+        if not linked:
+            q.all_default(DefaultReason.NO_MODEL, NO_MODELS)
+            return
+        if version is None:
+            if self.traffic is not None:
+                version, q.shadow = self.traffic.route(model, uid, budget_s)
+                if version is not None and hasattr(reply, "version"):
+                    # The V2 protocols' answers name the version: the one the split chose.
+                    setattr(reply, "version", version)  # noqa: B010 (not every Reply has it)
+            else:
+                version = self.catalog.current(model)
+            if version is None:
+                q.all_default(DefaultReason.NO_MODEL, NO_MODELS)
+                return
+        elif not self.catalog.has_version(model, version):
+            raise QueryProcessingError(
+                f"Requested version: {version} does not exist for model: {model}"
+            )
+        sched = self.catalog.scheduler(model, version)
+        if sched is None or not sched.replicas:
+            q.all_default(*self._unavailable(model, version, sched))
+            return
+        q.deadline = t0 + budget_s
+        cause = self._behind(t0, q.deadline - app.answer_margin_s, sched)
+        if cause is not None:
+            # Queued, it would only be answered late by the deadline timer (itself late by the
+            # loop's lag) and take a batch slot from queries that can still make it.
+            err = OverloadedError(cause)
+            for i in range(q.n):
+                q.fill(i, None, err)
+                if q.reply is None:
+                    break
+            return
+        q.payloads = payloads
+        q.sched = sched
+        q.version = version
+        submitted = False
+        for i in range(q.n):
+            submitted |= self.enqueue(q, i)
+            if q.reply is None:
+                break  # rejected with 503
+        if submitted:
+            sched.pump()
+        if q.shadow is not None:  # the real inputs are queued: copies follow their answers
+            q.shadow.fire()
+            q.shadow = None
+        if q.reply is not None and q.remaining:
+            q.timer = self.clock.call_later(
+                max(q.deadline - app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
+            )
+
+    def _unavailable(
+        self, model: str, version: str, sched: ModelScheduler | None
+    ) -> tuple[DefaultReason, str]:
+        mv = self.catalog.version(model, version)
+        if mv is None or mv.num_replicas == 0 or sched is None:
+            return DefaultReason.NO_MODEL, NO_MODELS
+        return DefaultReason.NO_REPLICA, (
+            f"No replica of model {model}:{version} is alive ({mv.num_replicas} configured); "
+            + ("it is being restarted" if mv.artifact else "none is connected")
+        )
+
+    def _behind(self, t0: float, due: float, sched: ModelScheduler) -> str | None:
+        """Why a query due by ``due`` cannot make it when the frontend itself is behind
+        (loop lag above noise, or the request arrived late into its budget); None to queue.
+
+        Its answer needs at least the loop's lag to be written, and the wait that admission
+        prices for the model's queue (the work queued ahead at the replicas' throughput and
+        what is left of the batches running); when that ends past ``due`` it is shed now,
+        cheaply, instead. The batch latencies behind that wait are round trips measured on
+        this loop, so they already hold the loop's delay in reading answers: the two overlap
+        and the longer one counts. Pricing a whole batch on top of the lag shed everything at
+        256 connections, and then no batch ran to correct the estimate. A model with nothing
+        queued prices at the lag alone: the query goes into the next batch."""
+        now = self.clock.now()
+        mon = self.loop_lag
+        lag = mon.lag_s if mon is not None else 0.0
+        if lag < LAG_FLOOR_S:
+            lag = 0.0
+            if now - t0 < LATE_ARRIVAL_SHARE * (due - t0):
+                return None
+        if sched.probing(now):
+            return None  # admission is measuring the model again (ModelScheduler._probe)
+        finish = now + (max(lag, sched.expected_latency_s()) if sched.queue else lag)
+        if finish <= due:
+            return None
+        return (
+            f"the frontend is behind (event loop {lag * 1e3:.1f} ms late, the request "
+            f"{(now - t0) * 1e3:.1f} ms old): its answer could not come within the latency SLO"
+        )
+
+    def enqueue(self, q: _Query, i: int) -> bool:
+        """Input ``i`` through the seam; True when a task was queued (the caller pumps the
+        scheduler once for the whole request)."""
+        assert q.sched is not None
+        waiter = q.waiter(i)
+        if q.shadow is not None:
+            waiter = q.shadow.wrap(q.payloads[i], waiter)
+        return self.seam.submit(q.app, q.sched, q.payloads[i], q.deadline, waiter)
+
+    def predictions(self, q: _Query) -> list[Prediction]:
+        """The answered query as predictions (query ids are given out here, in input order),
+        counted in the application's metrics."""
+        answers = self.answers
+        app_name = q.app.name
+        answers.answered(app_name, q.t0)
+        out: list[Prediction] = []
+        for i in range(q.n):
+            reason = q.defaults[i]
+            if reason is None:
+                out.append(Prediction(answers.next_id(), q.outputs[i]))
+            else:
+                answers.defaulted(app_name, reason)
+                out.append(Prediction(answers.next_id(), q.outputs[i], reason, q.explanations[i]))
+        return out
+
+    def forget_app(self, app: str) -> None:
+        """Nothing is kept per application here."""
