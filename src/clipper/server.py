@@ -187,6 +187,7 @@ class Clipper:
             self.schedulers,
             self.manager,
             node_id=config.node_id or "",
+            clock=self.clock,
         )
         self.autoscaler = Autoscaler(
             self.registry,

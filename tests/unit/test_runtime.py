@@ -147,7 +147,7 @@ async def runtime(
         remove_replicas=lambda sched: None,
         on_app_deleted=forgotten.append,
     )
-    control = Control(registry, sync, reconciler, schedulers, manager, node_id=node)
+    control = Control(registry, sync, reconciler, schedulers, manager, node_id=node, clock=clock)
     await sync.start()
     await control.recover()
     reconciler.resume()
@@ -175,6 +175,12 @@ async def until(condition: Any, what: str) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError(f"never happened: {what}")
+
+
+async def turns(n: int = 20) -> None:
+    """Let the loop run ``n`` turns (no time passes): what a fake clock's timer woke goes on."""
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 async def settle(rt: Runtime) -> None:
@@ -321,9 +327,14 @@ async def test_deploy_runs_the_version_switches_then_retires_the_previous() -> N
 
 
 async def test_a_deploy_whose_replicas_fail_is_undone() -> None:
-    rt = await runtime()
+    clock = FakeClock()
+    rt = await runtime(clock=clock)
+    failing = asyncio.create_task(rt.control.deploy(version("1"), ready_timeout_s=0.05))
+    await until(lambda: "m" in rt.registry.intents, "the intent")
+    await turns()
+    clock.advance(0.05)
     with pytest.raises(ReplicaError, match="connected within"):
-        await rt.control.deploy(version("1"), ready_timeout_s=0.05)
+        await failing
     await settle(rt)
     assert "m" not in rt.registry.models and not rt.registry.intents
     assert rt.manager.running == {}
@@ -337,6 +348,48 @@ async def test_a_deploy_whose_replicas_fail_is_undone() -> None:
     # repeating a completed deploy is a no-op
     await rt.control.deploy(version("1"))
     assert rt.registry.current["m"] == "1"
+
+
+async def test_the_ready_timeout_fires_when_the_clock_passes_it_not_before() -> None:
+    clock = FakeClock(start=0.0)
+    rt = await runtime(clock=clock)
+    deploy = asyncio.create_task(rt.control.deploy(version("1"), ready_timeout_s=5.0))
+    await until(lambda: "m" in rt.registry.intents, "the intent")
+    await settle(rt)
+    connect(rt, "1", 1)  # one of the two: not enough
+    await turns()
+    for _ in range(19):  # to 4.75 s, waking at every 0.5 s re-check on the way
+        clock.advance(0.25)
+        await turns()
+    assert not deploy.done()
+    clock.advance(0.25)  # exactly 5 s
+    await turns()
+    assert deploy.done()
+    with pytest.raises(ReplicaError, match=r"1 of 2 replicas of m:1 connected within 5.0 s"):
+        await deploy
+    await settle(rt)
+    assert "m" not in rt.registry.models  # undone
+
+
+async def test_a_crashing_replica_is_noticed_at_the_next_half_second_recheck(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock(start=0.0)
+    rt = await runtime(clock=clock)
+    deploy = asyncio.create_task(rt.control.deploy(version("1"), ready_timeout_s=60.0))
+    await until(lambda: "m" in rt.registry.intents, "the intent")
+    await settle(rt)
+    await turns()
+    # No replica connects, so nothing wakes the wait but its re-check timer.
+    crashed = [FakeReplica("m", "1", 0, restarts=3, last_exit=1)]
+    monkeypatch.setattr(rt.manager, "replicas", lambda name, version: crashed)
+    clock.advance(0.49)
+    await turns()
+    assert not deploy.done()
+    clock.advance(0.01)
+    await turns()
+    with pytest.raises(ReplicaError, match="exited 3 times"):
+        await deploy
 
 
 async def test_kept_versions_run_and_others_do_not() -> None:
