@@ -44,6 +44,20 @@ class FlakyStore(MemoryStore):
         await super().commit(ops)
 
 
+class StallingStore(FlakyStore):
+    """A memory store whose state writes wait until ``released`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+        self.states: list[str] = []
+
+    async def put(self, kind: Any, key: str, value: Any) -> None:
+        await self.released.wait()
+        self.states.append(key)
+        await super().put(kind, key, value)
+
+
 @dataclass
 class FakeReplica:
     model: str
@@ -137,7 +151,7 @@ async def runtime(
     manager = FakeManager()
     schedulers: dict[tuple[str, str], ModelScheduler] = {}
     forgotten: list[str] = []
-    sync = StoreSync(registry, store)
+    sync = StoreSync(registry, store, clock=clock)
     reconciler = Reconciler(
         registry,
         manager,
@@ -390,6 +404,43 @@ async def test_a_crashing_replica_is_noticed_at_the_next_half_second_recheck(
     await turns()
     with pytest.raises(ReplicaError, match="exited 3 times"):
         await deploy
+
+
+async def test_stop_gives_queued_state_writes_ten_seconds_on_the_clock_then_gives_up() -> None:
+    clock = FakeClock(start=0.0)
+    store = StallingStore()
+    rt = await runtime(store, clock=clock)
+    rt.sync.write_state("a:u1", {"n": 1})
+    rt.sync.write_state("a:u2", {"n": 2})
+    await turns()  # the writer holds the first, its put stalled
+    stopping = asyncio.create_task(rt.sync.stop())
+    await turns()
+    clock.advance(9.75)
+    await turns()
+    assert not stopping.done()
+    clock.advance(0.25)  # exactly 10 s
+    await turns()
+    assert stopping.done()
+    await stopping
+    assert store.states == []  # the writer was cancelled: nothing written after all
+    assert rt.sync._writer is None
+
+
+async def test_stop_returns_once_the_queued_state_writes_are_done() -> None:
+    clock = FakeClock(start=0.0)
+    store = StallingStore()
+    rt = await runtime(store, clock=clock)
+    rt.sync.write_state("a:u1", {"n": 1})
+    rt.sync.write_state("a:u2", {"n": 2})
+    stopping = asyncio.create_task(rt.sync.stop())
+    await turns()
+    clock.advance(5.0)
+    store.released.set()  # within the ten seconds: both are written, no timeout needed
+    await turns()
+    assert stopping.done()
+    await stopping
+    assert store.states == ["a:u1", "a:u2"]
+    assert clock.pending() == 0  # the timeout's timer was disarmed
 
 
 async def test_kept_versions_run_and_others_do_not() -> None:
