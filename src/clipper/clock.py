@@ -234,10 +234,13 @@ async def sleep(clock: Clock, seconds: float) -> None:
 async def wait_for(clock: Clock, aw: Awaitable[T], timeout_s: float) -> T:
     """``asyncio.wait_for(aw, timeout_s)`` timed by ``clock``: what ``aw`` returns or raises;
     once ``timeout_s`` passed first, ``aw`` is cancelled, waited for, and TimeoutError raised.
-    Cancelling the caller cancels ``aw`` too (and propagates, even at the timeout)."""
+    Cancelling the caller cancels ``aw`` too (and propagates, even at the timeout); a caller
+    already cancelled on entry (cleaning up after a cancel) still gets the TimeoutError."""
     inner = asyncio.ensure_future(aw)
     if inner.done():
         return inner.result()
+    me = asyncio.current_task()
+    cancels_before = me.cancelling() if me is not None else 0
     timed_out = False
 
     def expire() -> None:
@@ -250,8 +253,8 @@ async def wait_for(clock: Clock, aw: Awaitable[T], timeout_s: float) -> T:
     try:
         return await inner
     except asyncio.CancelledError:
-        me = asyncio.current_task()
-        if timed_out and inner.cancelled() and (me is None or not me.cancelling()):
+        cancels = me.cancelling() if me is not None else 0
+        if timed_out and inner.cancelled() and cancels <= cancels_before:
             raise TimeoutError from None
         raise
     finally:

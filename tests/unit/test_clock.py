@@ -301,3 +301,29 @@ async def test_cancelling_wait_for_cancels_the_awaitable_and_is_no_timeout() -> 
         await waiting
     assert inner.cancelled()
     assert clock.pending() == 0
+
+
+async def test_wait_for_still_times_out_in_the_cleanup_of_a_cancelled_task() -> None:
+    # A cancelled task that stops a child in its except clause (cancelling() is 1 there)
+    # must get the timeout, not a second CancelledError, when the child does not go.
+    clock = FakeClock(start=0.0)
+    outcome: list[str] = []
+
+    async def cleans_up() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            try:
+                await wait_for(clock, asyncio.Event().wait(), 3.0)
+            except TimeoutError:
+                outcome.append(f"timed out at {clock.now()}")
+            raise
+
+    task = asyncio.create_task(cleans_up())
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.sleep(0)
+    clock.advance(3.0)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert outcome == ["timed out at 3.0"]
