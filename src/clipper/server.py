@@ -102,7 +102,7 @@ class Clipper:
         self.metrics_window = MetricsWindow(self.metrics, self.clock)
         self.cache = PredictionCache(config.cache_bytes, config.cache_policy)
         self.schedulers: dict[tuple[str, str], ModelScheduler] = {}
-        self.store: Store = open_store(config.store)
+        self.store: Store = open_store(config.store, clock=self.clock)
         self.sync = StoreSync(self.registry, self.store, clock=self.clock)
         # How late the event loop runs: the processor sheds what a backlog makes late.
         self.loop_lag = LoopLagMonitor(self.clock)
