@@ -619,3 +619,25 @@ async def test_a_second_frontend_on_one_state_directory_is_refused_with_the_firs
     # once the first has stopped, the directory is free again
     async with Clipper(state_dir=tmp_path) as again:
         assert again.query_port > 0
+
+
+def test_the_frontend_hands_its_clock_to_the_control_plane(tmp_path: Path) -> None:
+    pytest.importorskip("redis")
+    from clipper.frontend.grpc.native import NativeGrpcServer
+    from clipper.managers.kubernetes import KubernetesManager
+    from clipper.server import Clipper
+    from clipper.store.redis import RedisStore
+
+    clock = FakeClock()
+    c = Clipper(
+        state_dir=tmp_path,
+        clock=clock,
+        store="redis://127.0.0.1:1/0",  # never opened: nothing connects
+        manager="k8s://clipper",
+        grpc_port=0,
+        grpc_transport="native",
+    )
+    assert isinstance(c.store, RedisStore) and isinstance(c.manager, KubernetesManager)
+    assert isinstance(c.grpc, NativeGrpcServer)
+    for part in (c.control, c.sync, c.store, c.manager, c.grpc):
+        assert part.clock is clock, part
