@@ -11,10 +11,21 @@ import asyncio
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Collection
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["Clock", "FakeClock", "MonotonicClock", "TimerHandle", "wait_all", "wait_event"]
+__all__ = [
+    "Clock",
+    "FakeClock",
+    "MonotonicClock",
+    "TimerHandle",
+    "sleep",
+    "wait_all",
+    "wait_event",
+    "wait_for",
+]
+
+T = TypeVar("T")
 
 
 class TimerHandle(Protocol):
@@ -207,3 +218,44 @@ async def wait_event(clock: Clock, event: asyncio.Event, timeout_s: float) -> bo
     finally:
         waiter.cancel()
     return event.is_set()
+
+
+async def sleep(clock: Clock, seconds: float) -> None:
+    """``asyncio.sleep(seconds)`` timed by ``clock``: returns once ``seconds`` have passed on
+    it (on the next turn, or the next :meth:`FakeClock.advance`, when ``seconds <= 0``)."""
+    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    timer = clock.call_later(seconds, _settle, woken)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+
+
+async def wait_for(clock: Clock, aw: Awaitable[T], timeout_s: float) -> T:
+    """``asyncio.wait_for(aw, timeout_s)`` timed by ``clock``: what ``aw`` returns or raises;
+    once ``timeout_s`` passed first, ``aw`` is cancelled, waited for, and TimeoutError raised.
+    Cancelling the caller cancels ``aw`` too (and propagates, even at the timeout); a caller
+    already cancelled on entry (cleaning up after a cancel) still gets the TimeoutError."""
+    inner = asyncio.ensure_future(aw)
+    if inner.done():
+        return inner.result()
+    me = asyncio.current_task()
+    cancels_before = me.cancelling() if me is not None else 0
+    timed_out = False
+
+    def expire() -> None:
+        nonlocal timed_out
+        if not inner.done():
+            timed_out = True
+            inner.cancel()
+
+    timer = clock.call_later(timeout_s, expire)
+    try:
+        return await inner
+    except asyncio.CancelledError:
+        cancels = me.cancelling() if me is not None else 0
+        if timed_out and inner.cancelled() and cancels <= cancels_before:
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()

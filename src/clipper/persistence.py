@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from clipper.clock import Clock, MonotonicClock, wait_for
 from clipper.registry import GONE, Records, Registry
 from clipper.store.base import (
     CONFIG_KINDS,
@@ -94,7 +95,8 @@ def delta_of(ops: Sequence[Op | StoreEvent]) -> Records:
 
 
 class StoreSync:
-    def __init__(self, registry: Registry, store: Store) -> None:
+    def __init__(self, registry: Registry, store: Store, *, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or MonotonicClock()
         self.registry = registry
         self.store = store
         # Serializes this frontend's commits and reloads: a draft is validated against the
@@ -121,7 +123,7 @@ class StoreSync:
         if self._writer is None:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._states.join(), 10.0)
+            await wait_for(self.clock, self._states.join(), 10.0)
         self._writer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._writer

@@ -102,8 +102,8 @@ class Clipper:
         # reader of "which scheduler serves model M", links and readiness.
         self.schedulers = SchedulerTable()
         self.catalog = Catalog(self.registry, self.schedulers)
-        self.store: Store = open_store(config.store)
-        self.sync = StoreSync(self.registry, self.store)
+        self.store: Store = open_store(config.store, clock=self.clock)
+        self.sync = StoreSync(self.registry, self.store, clock=self.clock)
         # How late the event loop runs: the processor sheds what a backlog makes late.
         self.loop_lag = LoopLagMonitor(self.clock)
         monitor = self.loop_lag
@@ -176,6 +176,7 @@ class Clipper:
             self.catalog,
             self.manager,
             node_id=config.node_id or "",
+            clock=self.clock,
         )
         self.autoscaler = Autoscaler(
             self.registry,

@@ -1,5 +1,6 @@
 """The clocks' timers: FakeClock fires them in time order inside advance(); MonotonicClock hands
-them to the running loop (asyncio's or uvloop's); wait_all/wait_event time out on a clock."""
+them to the running loop (asyncio's or uvloop's); wait_all/wait_event/wait_for time out on a clock
+and sleep sleeps on one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from typing import Any
 import pytest
 import uvloop
 
-from clipper.clock import Clock, FakeClock, MonotonicClock, wait_all, wait_event
+from clipper.clock import (
+    Clock,
+    FakeClock,
+    MonotonicClock,
+    sleep,
+    wait_all,
+    wait_event,
+    wait_for,
+)
 
 
 class Log:
@@ -213,3 +222,108 @@ async def test_wait_event_is_true_when_set_and_false_at_the_timeout() -> None:
     clock.advance(2.0)
     assert await waiting is False
     assert clock.pending() == 0
+
+
+async def test_sleep_returns_when_the_clock_passes_its_delay_not_before() -> None:
+    clock = FakeClock(start=0.0)
+    sleeping = asyncio.create_task(sleep(clock, 1.5))
+    await asyncio.sleep(0)
+    clock.advance(1.0)
+    await asyncio.sleep(0)
+    assert not sleeping.done()
+    clock.advance(0.5)  # exactly at 1.5
+    await sleeping
+    assert clock.pending() == 0
+
+
+async def test_a_cancelled_sleep_disarms_its_timer() -> None:
+    clock = FakeClock()
+    sleeping = asyncio.create_task(sleep(clock, 1.0))
+    await asyncio.sleep(0)
+    assert clock.pending() == 1
+    sleeping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sleeping
+    assert clock.pending() == 0
+
+
+async def test_wait_for_returns_the_result_and_disarms_its_timer() -> None:
+    clock = FakeClock()
+    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(wait_for(clock, fut, 2.0))
+    await asyncio.sleep(0)
+    clock.advance(1.9)
+    fut.set_result(7)
+    assert await waiting == 7
+    assert clock.pending() == 0
+
+    async def fails() -> None:
+        raise ValueError("its own error")
+
+    with pytest.raises(ValueError, match="its own error"):
+        await wait_for(clock, fails(), 2.0)
+    done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    done.set_result(3)
+    assert await wait_for(clock, done, 0.0) == 3  # done already: no timer at all
+    assert clock.pending() == 0
+
+
+async def test_wait_for_cancels_the_awaitable_exactly_at_the_timeout() -> None:
+    clock = FakeClock(start=0.0)
+    event = asyncio.Event()
+    cleaned_up: list[float] = []
+
+    async def waits() -> None:
+        try:
+            await event.wait()
+        finally:
+            cleaned_up.append(clock.now())
+
+    inner = asyncio.create_task(waits())
+    waiting = asyncio.create_task(wait_for(clock, inner, 2.0))
+    await asyncio.sleep(0)
+    clock.advance(1.999)
+    await asyncio.sleep(0)
+    assert not waiting.done() and not inner.done()
+    clock.advance(0.001)
+    with pytest.raises(TimeoutError):
+        await waiting
+    assert inner.cancelled() and cleaned_up == [2.0]  # waited for, not left running
+
+
+async def test_cancelling_wait_for_cancels_the_awaitable_and_is_no_timeout() -> None:
+    clock = FakeClock()
+    inner = asyncio.create_task(asyncio.Event().wait())
+    waiting = asyncio.create_task(wait_for(clock, inner, 2.0))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert inner.cancelled()
+    assert clock.pending() == 0
+
+
+async def test_wait_for_still_times_out_in_the_cleanup_of_a_cancelled_task() -> None:
+    # A cancelled task that stops a child in its except clause (cancelling() is 1 there)
+    # must get the timeout, not a second CancelledError, when the child does not go.
+    clock = FakeClock(start=0.0)
+    outcome: list[str] = []
+
+    async def cleans_up() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            try:
+                await wait_for(clock, asyncio.Event().wait(), 3.0)
+            except TimeoutError:
+                outcome.append(f"timed out at {clock.now()}")
+            raise
+
+    task = asyncio.create_task(cleans_up())
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.sleep(0)
+    clock.advance(3.0)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert outcome == ["timed out at 3.0"]

@@ -6,6 +6,7 @@ checked by someone else's parser.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from typing import Any, cast
 
@@ -16,6 +17,7 @@ import h2.settings
 import hpack
 import pytest
 
+from clipper.clock import FakeClock
 from clipper.frontend.grpc import native
 from clipper.frontend.grpc.native import (
     COMPRESSION_ERROR,
@@ -286,3 +288,68 @@ def test_compressed_and_oversized_messages_are_refused() -> None:
     }
     assert statuses == {1: b"12", 3: b"8"}  # UNIMPLEMENTED, RESOURCE_EXHAUSTED
     assert not transport.closed
+
+
+# -- stopping --------------------------------------------------------------------------------------
+
+
+class _Listener:
+    """Stands in for the asyncio server that start() binds: stop() closes it."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def wait_closed(self) -> None:
+        pass
+
+
+def _serving(clock: FakeClock) -> tuple[NativeGrpcServer, Any, _Transport]:
+    """A server as start() leaves it (no socket), with one connection and a call in flight."""
+    server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, clock=clock)
+    server._server = cast(Any, _Listener())
+    conn = native._Connection(server)
+    transport = _Transport()
+    conn.connection_made(cast(Any, transport))
+    client = _client()
+    client.send_headers(1, GRPC_HEADERS)  # its request not finished: the call stays open
+    _exchange(conn, transport, client)
+    assert conn.streams
+    return server, conn, transport
+
+
+async def _turns(n: int = 10) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_stop_gives_calls_in_flight_the_grace_on_the_clock_then_closes() -> None:
+    clock = FakeClock(start=0.0)
+    server, conn, transport = _serving(clock)
+    stopping = asyncio.create_task(server.stop(grace=1.0))
+    await _turns()
+    assert conn.goaway and native.GOAWAY in {k for k, _, _, _ in _frames(transport.take())}
+    clock.advance(0.75)
+    await _turns()
+    assert not stopping.done() and not transport.closed  # the call still has its grace
+    clock.advance(0.25)  # exactly the grace
+    await _turns()
+    assert stopping.done() and transport.closed
+    await stopping
+
+
+async def test_stop_returns_at_the_next_poll_once_the_calls_are_done() -> None:
+    clock = FakeClock(start=0.0)
+    server, conn, transport = _serving(clock)
+    stopping = asyncio.create_task(server.stop(grace=10.0))
+    await _turns()
+    clock.advance(0.5)
+    await _turns()
+    assert not stopping.done()
+    conn.streams.clear()  # the call answered
+    clock.advance(0.01)  # one poll later, long before the grace
+    await _turns()
+    assert stopping.done() and transport.closed
+    await stopping

@@ -45,6 +45,20 @@ class FlakyStore(MemoryStore):
         await super().commit(ops)
 
 
+class StallingStore(FlakyStore):
+    """A memory store whose state writes wait until ``released`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+        self.states: list[str] = []
+
+    async def put(self, kind: Any, key: str, value: Any) -> None:
+        await self.released.wait()
+        self.states.append(key)
+        await super().put(kind, key, value)
+
+
 @dataclass
 class FakeReplica:
     model: str
@@ -138,7 +152,7 @@ async def runtime(
     manager = FakeManager()
     schedulers = SchedulerTable()
     forgotten: list[str] = []
-    sync = StoreSync(registry, store)
+    sync = StoreSync(registry, store, clock=clock)
     reconciler = Reconciler(
         registry,
         manager,
@@ -149,8 +163,9 @@ async def runtime(
         on_app_deleted=forgotten.append,
     )
     control = Control(
-        registry, sync, reconciler, Catalog(registry, schedulers), manager, node_id=node
-    )
+        registry, sync, reconciler, Catalog(registry, schedulers), manager, node_id=node,
+        clock=clock,
+    )  # fmt: skip
     await sync.start()
     await control.recover()
     reconciler.resume()
@@ -178,6 +193,12 @@ async def until(condition: Any, what: str) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError(f"never happened: {what}")
+
+
+async def turns(n: int = 20) -> None:
+    """Let the loop run ``n`` turns (no time passes): what a fake clock's timer woke goes on."""
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 async def settle(rt: Runtime) -> None:
@@ -324,9 +345,14 @@ async def test_deploy_runs_the_version_switches_then_retires_the_previous() -> N
 
 
 async def test_a_deploy_whose_replicas_fail_is_undone() -> None:
-    rt = await runtime()
+    clock = FakeClock()
+    rt = await runtime(clock=clock)
+    failing = asyncio.create_task(rt.control.deploy(version("1"), ready_timeout_s=0.05))
+    await until(lambda: "m" in rt.registry.intents, "the intent")
+    await turns()
+    clock.advance(0.05)
     with pytest.raises(ReplicaError, match="connected within"):
-        await rt.control.deploy(version("1"), ready_timeout_s=0.05)
+        await failing
     await settle(rt)
     assert "m" not in rt.registry.models and not rt.registry.intents
     assert rt.manager.running == {}
@@ -340,6 +366,85 @@ async def test_a_deploy_whose_replicas_fail_is_undone() -> None:
     # repeating a completed deploy is a no-op
     await rt.control.deploy(version("1"))
     assert rt.registry.current["m"] == "1"
+
+
+async def test_the_ready_timeout_fires_when_the_clock_passes_it_not_before() -> None:
+    clock = FakeClock(start=0.0)
+    rt = await runtime(clock=clock)
+    deploy = asyncio.create_task(rt.control.deploy(version("1"), ready_timeout_s=5.0))
+    await until(lambda: "m" in rt.registry.intents, "the intent")
+    await settle(rt)
+    connect(rt, "1", 1)  # one of the two: not enough
+    await turns()
+    for _ in range(19):  # to 4.75 s, waking at every 0.5 s re-check on the way
+        clock.advance(0.25)
+        await turns()
+    assert not deploy.done()
+    clock.advance(0.25)  # exactly 5 s
+    await turns()
+    assert deploy.done()
+    with pytest.raises(ReplicaError, match=r"1 of 2 replicas of m:1 connected within 5.0 s"):
+        await deploy
+    await settle(rt)
+    assert "m" not in rt.registry.models  # undone
+
+
+async def test_a_crashing_replica_is_noticed_at_the_next_half_second_recheck(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock(start=0.0)
+    rt = await runtime(clock=clock)
+    deploy = asyncio.create_task(rt.control.deploy(version("1"), ready_timeout_s=60.0))
+    await until(lambda: "m" in rt.registry.intents, "the intent")
+    await settle(rt)
+    await turns()
+    # No replica connects, so nothing wakes the wait but its re-check timer.
+    crashed = [FakeReplica("m", "1", 0, restarts=3, last_exit=1)]
+    monkeypatch.setattr(rt.manager, "replicas", lambda name, version: crashed)
+    clock.advance(0.49)
+    await turns()
+    assert not deploy.done()
+    clock.advance(0.01)
+    await turns()
+    with pytest.raises(ReplicaError, match="exited 3 times"):
+        await deploy
+
+
+async def test_stop_gives_queued_state_writes_ten_seconds_on_the_clock_then_gives_up() -> None:
+    clock = FakeClock(start=0.0)
+    store = StallingStore()
+    rt = await runtime(store, clock=clock)
+    rt.sync.write_state("a:u1", {"n": 1})
+    rt.sync.write_state("a:u2", {"n": 2})
+    await turns()  # the writer holds the first, its put stalled
+    stopping = asyncio.create_task(rt.sync.stop())
+    await turns()
+    clock.advance(9.75)
+    await turns()
+    assert not stopping.done()
+    clock.advance(0.25)  # exactly 10 s
+    await turns()
+    assert stopping.done()
+    await stopping
+    assert store.states == []  # the writer was cancelled: nothing written after all
+    assert rt.sync._writer is None
+
+
+async def test_stop_returns_once_the_queued_state_writes_are_done() -> None:
+    clock = FakeClock(start=0.0)
+    store = StallingStore()
+    rt = await runtime(store, clock=clock)
+    rt.sync.write_state("a:u1", {"n": 1})
+    rt.sync.write_state("a:u2", {"n": 2})
+    stopping = asyncio.create_task(rt.sync.stop())
+    await turns()
+    clock.advance(5.0)
+    store.released.set()  # within the ten seconds: both are written, no timeout needed
+    await turns()
+    assert stopping.done()
+    await stopping
+    assert store.states == ["a:u1", "a:u2"]
+    assert clock.pending() == 0  # the timeout's timer was disarmed
 
 
 async def test_kept_versions_run_and_others_do_not() -> None:
@@ -518,3 +623,25 @@ async def test_a_second_frontend_on_one_state_directory_is_refused_with_the_firs
     # once the first has stopped, the directory is free again
     async with Clipper(state_dir=tmp_path) as again:
         assert again.query_port > 0
+
+
+def test_the_frontend_hands_its_clock_to_the_control_plane(tmp_path: Path) -> None:
+    pytest.importorskip("redis")
+    from clipper.frontend.grpc.native import NativeGrpcServer
+    from clipper.managers.kubernetes import KubernetesManager
+    from clipper.server import Clipper
+    from clipper.store.redis import RedisStore
+
+    clock = FakeClock()
+    c = Clipper(
+        state_dir=tmp_path,
+        clock=clock,
+        store="redis://127.0.0.1:1/0",  # never opened: nothing connects
+        manager="k8s://clipper",
+        grpc_port=0,
+        grpc_transport="native",
+    )
+    assert isinstance(c.store, RedisStore) and isinstance(c.manager, KubernetesManager)
+    assert isinstance(c.grpc, NativeGrpcServer)
+    for part in (c.control, c.sync, c.store, c.manager, c.grpc):
+        assert part.clock is clock, part

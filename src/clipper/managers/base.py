@@ -158,6 +158,7 @@ def build_kubernetes(rest: str, ctx: ManagerContext) -> ContainerManager:
         rpc_keys=ctx.rpc_keys,
         heartbeat_interval_s=ctx.heartbeat_interval_s,
         drain=ctx.drain,
+        clock=ctx.clock,
     )
 
 

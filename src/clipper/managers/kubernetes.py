@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from clipper.clock import Clock, MonotonicClock, sleep
 from clipper.errors import ConfigError, ReplicaError
 from clipper.kube.manifests import (
     CLIENT_KEYS_SECRET,
@@ -140,7 +141,9 @@ class KubernetesManager:
         heartbeat_interval_s: float,
         drain: Callable[[str], Awaitable[None]] | None,
         poll_s: float = 2.0,
+        clock: Clock | None = None,
     ) -> None:
+        self.clock: Clock = clock or MonotonicClock()
         self.settings = settings
         self._conn = conn
         self._node_id = node_id
@@ -355,7 +358,7 @@ class KubernetesManager:
                 await self._refresh()
             except Exception as e:  # an API outage: keep the last listing, say so, retry
                 log.warning("listing replica pods failed: %s", e)
-            await asyncio.sleep(self._poll_s)
+            await sleep(self.clock, self._poll_s)
 
     async def _refresh(self) -> None:
         raw = await self._call(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import clipper
-from clipper.clock import Clock
+from clipper.clock import Clock, sleep, wait_for
 from clipper.errors import ReplicaError
 from clipper.registry import ModelVersion
 
@@ -250,11 +250,11 @@ class LocalManager:
             try:
                 code = await child.wait()
             except asyncio.CancelledError:
-                await _terminate(child)
-                await _finish_copy(copier)
+                await _terminate(child, self.clock)
+                await _finish_copy(copier, self.clock)
                 proc.pid = None
                 raise
-            await _finish_copy(copier)
+            await _finish_copy(copier, self.clock)
             proc.pid = None
             proc.last_exit = code
             if self.on_exit is not None:
@@ -273,17 +273,17 @@ class LocalManager:
                 backoff,
                 proc.log_path,
             )
-            await asyncio.sleep(backoff)
+            await sleep(self.clock, backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)
 
 
-async def _terminate(child: asyncio.subprocess.Process) -> None:
+async def _terminate(child: asyncio.subprocess.Process, clock: Clock) -> None:
     if child.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError):
         child.send_signal(signal.SIGTERM)
     try:
-        await asyncio.wait_for(child.wait(), _STOP_GRACE)
+        await wait_for(clock, child.wait(), _STOP_GRACE)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             child.kill()
@@ -320,10 +320,10 @@ async def _copy_log(stream: asyncio.StreamReader, log_file: RotatingLog) -> None
             log.warning("cannot write replica log %s: %s", log_file.path, e)
 
 
-async def _finish_copy(copier: asyncio.Task[None]) -> None:
+async def _finish_copy(copier: asyncio.Task[None], clock: Clock) -> None:
     """Let the copy reach EOF (a grandchild holding the pipe open gets a second), then stop."""
     try:
-        await asyncio.wait_for(asyncio.shield(copier), 1.0)
+        await wait_for(clock, asyncio.shield(copier), 1.0)
     except TimeoutError:
         copier.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from clipper.batching.scheduler import ModelScheduler
+from clipper.clock import Clock, MonotonicClock, wait_event
 from clipper.errors import RegistryError, ReplicaError
 from clipper.managers.base import ContainerManager
 from clipper.persistence import StoreSync
@@ -49,7 +50,9 @@ class Control:
         manager: ContainerManager,
         *,
         node_id: str,
+        clock: Clock | None = None,
     ) -> None:
+        self.clock: Clock = clock or MonotonicClock()
         self.registry = registry
         self.sync = sync
         self.reconciler = reconciler
@@ -346,8 +349,7 @@ class Control:
         self, name: str, version: str, n: int, *, ready_timeout_s: float = 60.0
     ) -> None:
         key = (name, version)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + ready_timeout_s
+        deadline = self.clock.now() + ready_timeout_s
         while True:
             sched = self.catalog.scheduler(*key)
             if sched is not None and len(sched.replicas) >= n:
@@ -363,7 +365,7 @@ class Control:
                     f"times (last exit code {failed[0].last_exit}); its log ends with:\n"
                     f"{failed[0].log_tail()}"
                 )
-            remaining = deadline - loop.time()
+            remaining = deadline - self.clock.now()
             if remaining <= 0:
                 connected = len(sched.replicas) if sched else 0
                 raise ReplicaError(
@@ -371,7 +373,6 @@ class Control:
                     f"within {ready_timeout_s} s"
                 )
             event = self._ready_events.setdefault(key, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                # Woken by a replica connecting; the timeout also re-checks failed processes.
-                await asyncio.wait_for(event.wait(), min(remaining, 0.5))
+            # Woken by a replica connecting; the timeout also re-checks failed processes.
+            await wait_event(self.clock, event, min(remaining, 0.5))
             event.clear()

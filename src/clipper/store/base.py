@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
+from clipper.clock import Clock
 from clipper.errors import ClipperError, ConfigError
 
 __all__ = [
@@ -250,8 +251,9 @@ def split_redis_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=rest)), prefix
 
 
-def open_store(url: str) -> Store:
-    """The store named by ``url`` (not yet opened: ``await store.open()``).
+def open_store(url: str, *, clock: Clock | None = None) -> Store:
+    """The store named by ``url`` (not yet opened: ``await store.open()``); a backend with
+    timers (redis: its revision poller, its reconnect back-off) waits on ``clock``.
 
     Accepted (the STORES table in ``clipper.choices``): ``memory://``;
     ``sqlite:///path/to/clipper.db`` or ``sqlite:///state-dir``; ``redis://host:port/db`` or
@@ -265,12 +267,12 @@ def open_store(url: str) -> Store:
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme not in STORES:
         raise _bad_url(f"unknown store URL {redact_url(url)!r}")
-    build: Callable[[str], Store] = STORES.load(scheme)
-    return build(url)
+    build: Callable[[str, Clock | None], Store] = STORES.load(scheme)
+    return build(url, clock)
 
 
 # Backends are imported inside their builders because they import this module.
-def _open_memory(url: str) -> Store:
+def _open_memory(url: str, clock: Clock | None) -> Store:
     if url.partition("://")[2]:
         raise _bad_url(f"memory store URL takes nothing after 'memory://', got {url!r}")
     from clipper.store.memory import MemoryStore
@@ -278,14 +280,14 @@ def _open_memory(url: str) -> Store:
     return MemoryStore()
 
 
-def _open_sqlite(url: str) -> Store:
+def _open_sqlite(url: str, clock: Clock | None) -> Store:
     from clipper.store.sqlite import SqliteStore
 
     return SqliteStore(sqlite_path(url.partition("://")[2]))
 
 
-def _open_redis(url: str) -> Store:
+def _open_redis(url: str, clock: Clock | None) -> Store:
     from clipper.store.redis import RedisStore
 
     redis_url, prefix = split_redis_url(url)
-    return RedisStore(redis_url, prefix=prefix)
+    return RedisStore(redis_url, prefix=prefix, clock=clock)

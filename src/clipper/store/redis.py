@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
+from clipper.clock import Clock, MonotonicClock, sleep, wait_for
 from clipper.errors import ConfigError
 from clipper.store.base import (
     CONFIG_KINDS,
@@ -83,7 +84,7 @@ return n
 
 
 class RedisStore:
-    def __init__(self, url: str, *, prefix: str = "clipper") -> None:
+    def __init__(self, url: str, *, prefix: str = "clipper", clock: Clock | None = None) -> None:
         try:
             # Imported here so that redis stays an optional extra.
             import redis.asyncio
@@ -96,6 +97,7 @@ class RedisStore:
             raise ConfigError("redis store prefix must not be empty")
         self.url = url
         self.prefix = prefix
+        self.clock: Clock = clock or MonotonicClock()
         self.channel = f"{prefix}:events"
         # Random per instance: lets the listener drop the events of this instance's own writes.
         self.origin = secrets.token_hex(8)
@@ -175,11 +177,13 @@ class RedisStore:
     async def _await_subscribed(self, pubsub: PubSub) -> None:
         # The server registers the subscription only when it answers; events published before
         # that would be missed, so open() returns only after the confirmation.
-        async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+        async def confirmed() -> None:
             while True:
                 msg = await pubsub.get_message(timeout=_CONNECT_TIMEOUT_S)
                 if msg is not None and msg.get("type") == "subscribe":
                     return
+
+        await wait_for(self.clock, confirmed(), _CONNECT_TIMEOUT_S)
 
     async def close(self) -> None:
         tasks = [t for t in (self._listener, self._poller) if t is not None]
@@ -306,7 +310,7 @@ class RedisStore:
                 # Whatever was published meanwhile is lost to us: the poller resyncs.
                 self._events_broken = True
                 log.warning("redis store %s: event listener: %s", redact_url(self.url), exc)
-                await asyncio.sleep(delay)
+                await sleep(self.clock, delay)
                 delay = min(delay * 2, _RECONNECT_MAX_S)
                 continue
             delay = 0.05
@@ -316,7 +320,7 @@ class RedisStore:
     async def _poll(self) -> None:
         failing = False
         while True:
-            await asyncio.sleep(_POLL_S)
+            await sleep(self.clock, _POLL_S)
             try:
                 rev = int(await self._live().get(self._rev_key) or 0)
             except self._errors_caught as exc:

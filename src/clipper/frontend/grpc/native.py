@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 import hpack
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
-from clipper.clock import Clock, MonotonicClock, TimerHandle
+from clipper.clock import Clock, MonotonicClock, TimerHandle, sleep
 from clipper.errors import ClipperError, RequestError
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc.server import (
@@ -746,11 +746,10 @@ class NativeGrpcServer:
                 conn.transport.write(
                     frame(GOAWAY, 0, 0, _U32.pack(conn.last_id) + _U32.pack(NO_ERROR))
                 )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (grace or 0.0)
+        deadline = self.clock.now() + (grace or 0.0)
         # Polled: shutdown only, and a drain event per connection would cost the hot path.
-        while any(c.streams for c in self.connections) and loop.time() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        while any(c.streams for c in self.connections) and self.clock.now() < deadline:
+            await sleep(self.clock, 0.01)
         for conn in list(self.connections):
             conn.closed = True
             conn.transport.close()
