@@ -115,9 +115,7 @@ def _unit(module: str) -> str:
 def _graph() -> dict[str, set[str]]:
     mods = _modules()
     known = set(mods)
-    return {
-        m: {_resolve(d, known) for d in _imports(p, m, known)} - {m} for m, p in mods.items()
-    }
+    return {m: {_resolve(d, known) for d in _imports(p, m, known)} - {m} for m, p in mods.items()}
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -161,8 +159,7 @@ def test_no_import_runs_from_a_lower_layer_to_a_higher_one() -> None:
         f"{m} imports {d}"
         for m, deps in _graph().items()
         for d in deps
-        if layer[_unit(d)] > layer[_unit(m)]
-        and (_unit(m), _unit(d)) not in UPWARD_ALLOWED
+        if layer[_unit(d)] > layer[_unit(m)] and (_unit(m), _unit(d)) not in UPWARD_ALLOWED
     )
     assert upward == []
 
