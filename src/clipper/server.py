@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import secrets
 import shutil
 import signal
 import tempfile
@@ -48,6 +47,7 @@ from clipper.rpc.server import RpcServer
 from clipper.runtime.autoscaler import Autoscaler
 from clipper.runtime.catalog import Catalog, SchedulerTable
 from clipper.runtime.control import Control
+from clipper.runtime.node import NodeIdentity
 from clipper.runtime.ports import binding
 from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
@@ -62,8 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["Clipper"]
 
 log = logging.getLogger("clipper")
-
-_NODE_ID_FILE = "node-id"
 
 
 class Clipper:
@@ -93,6 +91,8 @@ class Clipper:
             self.state_dir = Path(self._tmp.name)
         else:
             self.state_dir = Path(config.state_dir)
+        # This frontend's identity in the store, read from the state directory at start.
+        self.node = NodeIdentity(self.state_dir, config.node_id)
         self.registry = Registry()
         self.metrics = Metrics()
         # Recent rates and latencies per application, for the admin status.
@@ -155,7 +155,7 @@ class Clipper:
                 nice=config.container_nice,
                 log_max_bytes=config.replica_log_bytes,
                 rpc_keys=rpc_keys,
-                node_id=lambda: self.control.node_id,
+                node_id=self.node,
             ),
         )
         self.reconciler = Reconciler(
@@ -175,7 +175,7 @@ class Clipper:
             self.reconciler,
             self.catalog,
             self.manager,
-            node_id=config.node_id or "",
+            node_id=self.node,
             clock=self.clock,
         )
         self.autoscaler = Autoscaler(
@@ -197,8 +197,8 @@ class Clipper:
             QueryRoutes(self.services), host=config.host, port=config.query_port,
             max_body_bytes=config.max_body_bytes,
             limits=HttpLimits.query_port(config), clock=self.clock,
+            on_turn=self.loop_lag.turn,  # the socket wait the latency histogram adds
         )  # fmt: skip
-        self.http.on_turn = self.loop_lag.turn  # the socket wait the latency histogram adds
         self.admin = AdminApi(
             registry=self.registry,
             control=self.control,
@@ -262,7 +262,7 @@ class Clipper:
             lock = StateLock(self.state_dir)
             lock.acquire()
             stack.callback(lock.release)
-            self.control.node_id = self.config.node_id or self._node_id()
+            self.node.resolve()
             await self.store.open()
             stack.push_async_callback(self.store.close)
             await self.artifacts.start()
@@ -584,8 +584,8 @@ class Clipper:
             transport=self.rpc,
             metrics=self.metrics,
             queue_capacity=self.config.queue_capacity,
+            on_replicas_changed=self._replicas_changed,
         )
-        sched.on_replicas_changed = self._replicas_changed
         return sched
 
     def _replicas_changed(self, sched: ModelScheduler) -> None:
@@ -620,21 +620,6 @@ class Clipper:
             return self.registry.get_model(name, version).artifact
         except RegistryError:
             return None
-
-    def _node_id(self) -> str:
-        """This frontend's identity in the store's intents: kept in its state directory, so a
-        restarted frontend recognises the version changes it left unfinished."""
-        path = self.state_dir / _NODE_ID_FILE
-        try:
-            existing = path.read_text().strip()
-        except OSError:
-            existing = ""
-        if existing:
-            return existing
-        node = secrets.token_hex(8)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(node + "\n")
-        return node
 
     def _cleanup_tmp(self) -> None:
         if self._tmp is not None:

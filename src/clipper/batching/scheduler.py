@@ -93,6 +93,7 @@ class ModelScheduler:
         transport: Transport,
         metrics: Metrics,
         queue_capacity: int,
+        on_replicas_changed: Callable[[ModelScheduler], None] | None = None,
     ) -> None:
         self.mv = mv
         self.cache = cache
@@ -121,7 +122,7 @@ class ModelScheduler:
         self._error_log = ModelErrorLog(f"{mv.name}:{mv.version}", clock)
         self._replica_gauge = metrics.replicas.labels(**labels)
         metrics.queue_depth.labels(**labels).set_function(lambda: len(self.queue))
-        self.on_replicas_changed: Callable[[ModelScheduler], None] | None = None
+        self.on_replicas_changed = on_replicas_changed
         # Called after each answered batch while a retiring version drains.
         self.on_drained: Callable[[], None] | None = None
         # What the autoscaler samples (running totals): inputs offered to the queue, shed at

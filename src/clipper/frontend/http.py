@@ -632,6 +632,7 @@ class HttpServer:
         limits: HttpLimits | None = None,
         clock: Clock | None = None,
         streaming: bool = False,
+        on_turn: Callable[[float, float], None] | None = None,
     ) -> None:
         self.router = router
         self.streaming = streaming
@@ -650,7 +651,7 @@ class HttpServer:
         self._turn_at = 0.0
         self.turn_open = False
         # Told of each loop turn that read requests: (first read, end of the turn's work).
-        self.on_turn: Callable[[float, float], None] | None = None
+        self.on_turn = on_turn
 
     def begin_turn(self, now: float) -> None:
         """The loop's current turn read its first request bytes at ``now``. Under saturation

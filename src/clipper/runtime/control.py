@@ -25,6 +25,7 @@ from clipper.persistence import StoreSync
 from clipper.registry import Application, Intent, ModelVersion, Registry
 from clipper.rollout import Rollout
 from clipper.runtime.catalog import Catalog
+from clipper.runtime.node import NodeIdentity
 from clipper.runtime.reconciler import Reconciler
 from clipper.scaling import AutoscaleConfig
 from clipper.store.base import DeletePrefix, StoreError
@@ -49,7 +50,7 @@ class Control:
         catalog: Catalog,
         manager: ContainerManager,
         *,
-        node_id: str,
+        node_id: str | NodeIdentity,
         clock: Clock | None = None,
     ) -> None:
         self.clock: Clock = clock or MonotonicClock()
@@ -58,8 +59,13 @@ class Control:
         self.reconciler = reconciler
         self.catalog = catalog
         self.manager = manager
-        self.node_id = node_id
+        self._node = node_id if isinstance(node_id, NodeIdentity) else NodeIdentity.fixed(node_id)
         self._ready_events: dict[tuple[str, str], asyncio.Event] = {}
+
+    @property
+    def node_id(self) -> str:
+        """This frontend's identity in the store's intents (resolved at start)."""
+        return self._node.value
 
     # -- applications and links ----------------------------------------------------------------
     async def add_app(self, app: Application) -> Application:
