@@ -129,3 +129,17 @@ def test_modules_import_each_other_without_cycles() -> None:
         if m not in seen:
             walk(m)
     assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_runtime_imports_neither_the_protocols_nor_the_composition_root() -> None:
+    # The write side's rules (runtime.operations, runtime.artifacts) are called by both front
+    # doors: they must not depend on either.
+    graph = _graph(top_level_only=False)
+    wrong = sorted(
+        f"{m} imports {d}"
+        for m, deps in graph.items()
+        if _in(m, ("clipper.runtime",))
+        for d in deps
+        if _in(d, ("clipper.frontend", "clipper.server"))
+    )
+    assert wrong == []
