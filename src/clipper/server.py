@@ -6,7 +6,8 @@ config store, kept by :class:`StoreSync`; :class:`Control` is the write side (ev
 committed to the store before it is acknowledged); :class:`Reconciler` makes the runtime
 (schedulers, replicas) follow the registry; :class:`ReplicaDirectory` matches containers that
 dial in to their schedulers; the container manager runs the replicas. The methods below are the
-embedded Python API, each a thin call into the write side.
+embedded Python API, each a thin call into the write side (:class:`Operations`, whose
+pre-checks and artifact placement the admin API shares, or :class:`Control`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import shutil
 import signal
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -28,7 +28,6 @@ from clipper.choices import OnModelError, Overload
 from clipper.clock import Clock, MonotonicClock
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.dashboard import Dashboard
-from clipper.deployers import package
 from clipper.errors import ClipperError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
 from clipper.frontend.http import HttpLimits, HttpServer
@@ -41,18 +40,19 @@ from clipper.persistence import StoreSync
 from clipper.query.loop_lag import LoopLagMonitor
 from clipper.query.runtime import QueryServices, build_query_runtime
 from clipper.registry import Application, ModelVersion, Registry
-from clipper.rollout import Rollout, with_shadow, with_split
+from clipper.rollout import Rollout
 from clipper.rpc.artifacts import ArtifactServer
 from clipper.rpc.server import RpcServer
+from clipper.runtime.artifacts import Artifacts
 from clipper.runtime.autoscaler import Autoscaler
 from clipper.runtime.catalog import Catalog, SchedulerTable
 from clipper.runtime.control import Control
 from clipper.runtime.node import NodeIdentity
+from clipper.runtime.operations import Operations, parse_input_type
 from clipper.runtime.ports import binding
 from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
 from clipper.runtime.state_lock import StateLock
-from clipper.scaling import AutoscaleConfig
 from clipper.store.base import Store, open_store
 
 if TYPE_CHECKING:
@@ -178,6 +178,8 @@ class Clipper:
             node_id=self.node,
             clock=self.clock,
         )
+        # The management operations' pre-checks and artifact placement, before Control.
+        self.operations = Operations(self.control, Artifacts(self.state_dir))
         self.autoscaler = Autoscaler(
             self.registry,
             self.control,
@@ -203,6 +205,7 @@ class Clipper:
             registry=self.registry,
             control=self.control,
             catalog=self.catalog,
+            operations=self.operations,
             manager=self.manager,
             metrics=self.metrics,
             clock=self.clock,
@@ -394,7 +397,7 @@ class Clipper:
         with a ``pipeline`` its answer comes from stages of models (docs/pipelines.md)."""
         app = Application(
             name=name,
-            input_type=_input_type(input_type),
+            input_type=parse_input_type(input_type),
             default_output=default_output,
             latency_slo_micros=latency_slo_micros,
             cache=cache,
@@ -422,10 +425,10 @@ class Clipper:
         await self.control.delete_app(name)
 
     async def link_model_to_app(self, app_name: str, model_name: str) -> None:
-        await self.control.link(app_name, model_name)
+        await self.operations.link(app_name, [model_name])
 
     async def unlink_model_from_app(self, app_name: str, model_name: str) -> None:
-        await self.control.unlink(app_name, [model_name])
+        await self.operations.unlink(app_name, [model_name])
 
     async def set_model_version(
         self,
@@ -440,7 +443,7 @@ class Clipper:
         switches once they are connected; the previous version then drains its queue and
         in-flight batches and stops, staying registered for a later rollback (with
         ``retire_previous=False`` it keeps running, for queries that pin it)."""
-        await self.control.set_version(
+        await self.operations.set_version(
             name, version, ready_timeout_s=ready_timeout_s, retire_previous=retire_previous
         )
 
@@ -467,34 +470,24 @@ class Clipper:
         settings) is a no-op."""
         if (model is None) == (artifact is None):
             raise ClipperError("deploy_model needs exactly one of model= or artifact=")
-
-        def version_of(path: str) -> ModelVersion:
-            return ModelVersion(
-                name=name,
-                version=version,
-                input_type=_input_type(input_type),
-                labels=tuple(labels),
-                artifact=path,
-                batching=batching or BatchingConfig(),
-                num_replicas=num_replicas,
-            )
-
-        if artifact is not None and self.control.is_same_deploy(
-            version_of(str(artifact)), set_current=set_current
-        ):
-            return self.registry.models[name][version]
-        if version in self.registry.models.get(name, {}):
-            # Refuse before writing anything: the running version's file must stay as it is.
-            raise RegistryError(f"model with name '{name}' and version '{version}' already exists")
-        if artifact is None:
-            artifact = await asyncio.to_thread(self._save_model, name, version, model)
-        return await self.control.deploy(
-            version_of(str(artifact)),
-            set_current=set_current,
-            retire_previous=retire_previous,
-            wait=wait,
-            ready_timeout_s=ready_timeout_s,
+        mv = ModelVersion(
+            name=name,
+            version=version,
+            input_type=parse_input_type(input_type),
+            labels=tuple(labels),
+            artifact=None if artifact is None else str(artifact),
+            batching=batching or BatchingConfig(),
+            num_replicas=num_replicas,
         )
+        if artifact is None:
+            return await self.operations.deploy_object(
+                mv, model, set_current=set_current, retire_previous=retire_previous, wait=wait,
+                ready_timeout_s=ready_timeout_s,
+            )  # fmt: skip
+        return await self.operations.deploy(
+            mv, set_current=set_current, retire_previous=retire_previous, wait=wait,
+            ready_timeout_s=ready_timeout_s,
+        )  # fmt: skip
 
     async def set_traffic_split(
         self,
@@ -508,10 +501,9 @@ class Clipper:
         None or ``{}`` removes the split: the current version answers them all again). With
         ``sticky``, a query's ``uid`` always goes to the same version. Returns once every
         version named has its replicas connected (docs/rollouts.md)."""
-        return await self.control.set_rollout(
-            name, lambda r: with_split(r, name, weights, sticky=sticky),
-            ready_timeout_s=ready_timeout_s,
-        )  # fmt: skip
+        return await self.operations.set_split(
+            name, weights, sticky=sticky, ready_timeout_s=ready_timeout_s
+        )
 
     async def set_shadow(
         self,
@@ -523,16 +515,14 @@ class Clipper:
     ) -> Rollout | None:
         """Copy a ``share`` (0 to 1) of ``name``'s queries to ``version``, whose answers are
         only compared with the real ones (``version`` None: no shadow)."""
-        return await self.control.set_rollout(
-            name, lambda r: with_shadow(r, name, version, share), ready_timeout_s=ready_timeout_s
+        return await self.operations.set_shadow(
+            name, version, share, ready_timeout_s=ready_timeout_s
         )
 
     def traffic_of(self, name: str) -> dict[str, Any]:
         """The model's split and shadow, and what they did on this frontend (the admin API's
         ``get_traffic``)."""
-        if name not in self.registry.models:
-            raise RegistryError(f"No model with name '{name}' exists.")
-        return self.traffic.describe(name)
+        return self.traffic.describe(self.operations.require_model(name))
 
     async def set_num_replicas(
         self,
@@ -553,9 +543,7 @@ class Clipper:
         """Scale a version's replicas to its SLO between ``min_replicas`` and ``max_replicas``
         (settings not given keep their values; ``enabled=False`` stops it); this frontend
         drives it. See docs/autoscaling.md."""
-        mv = self.registry.get_model(name, version)
-        config = AutoscaleConfig.configure(mv.autoscale, settings, owner=self.control.node_id)
-        return await self.control.set_autoscale(name, mv.version, config)
+        return await self.operations.set_autoscale(name, version, settings)
 
     async def wait_for_replicas(
         self, name: str, version: str, n: int, *, ready_timeout_s: float = 60.0
@@ -564,15 +552,7 @@ class Clipper:
 
     async def stop_model(self, name: str, version: str) -> None:
         """Delete a version: its replicas drain and stop, then it is gone."""
-        await self.control.delete_version(name, version)
-
-    def _save_model(self, name: str, version: str, model: Any) -> Path:
-        """The model as an artifact directory in the state directory (the framework is
-        detected: scikit-learn, PyTorch, ONNX, XGBoost, LightGBM, or any Python object)."""
-        dest = self.state_dir / "models" / name / version
-        if dest.exists():
-            shutil.rmtree(dest)  # a deploy that failed earlier left it; this version is new
-        return package(model, dest)
+        await self.operations.delete_version(name, version)
 
     # -- wiring --------------------------------------------------------------------------------
     def _make_scheduler(self, mv: ModelVersion, slo_s: float) -> ModelScheduler:
@@ -645,12 +625,3 @@ class Clipper:
 
     async def _fetch_state(self, app: str, uid: str) -> Any:
         return await self.store.get("state", f"{app}:{uid}")
-
-
-def _input_type(t: str | InputType) -> InputType:
-    if isinstance(t, InputType):
-        return t
-    try:
-        return InputType.parse(t)
-    except ValueError as e:
-        raise RegistryError(str(e)) from None

@@ -11,27 +11,25 @@ Reads are synchronous callbacks. Every change runs as an asyncio task owned by
 committed it to the config store; a store that cannot take it answers 503 naming the store and
 the cause, and nothing changed.
 
-The API depends on narrow services, not on the frontend object: the registry to read, the write
-side (:class:`Control`) to change, the container manager for replica processes and logs.
+The API depends on narrow services, not on the frontend object: the registry to read, the
+management operations (:class:`Operations`: each change's pre-checks and artifact placement,
+then the write side, :class:`Control`) to change, the container manager for replica processes
+and logs. A handler parses the request, calls one operation and encodes its answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import logging
-import shutil
 import tarfile
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 import orjson
 
-from clipper.artifact_digest import SOURCE_DIGEST_FILE, is_digest
+from clipper.artifact_digest import is_digest
 from clipper.choices import ON_MODEL_ERROR, OVERLOAD, OnModelError
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, NotFoundError, RegistryError
@@ -59,18 +57,17 @@ from clipper.frontend.admin_fields import (
     str_field,
     str_list_field,
     text_reply,
-    write_file,
 )
 from clipper.frontend.admin_state import StateRoutes
 from clipper.frontend.admin_traffic import TrafficAdmin
 from clipper.frontend.http import Respond
-from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager
 from clipper.metrics import Metrics, histogram_quantile, histogram_values
 from clipper.metrics_window import MetricsWindow
 from clipper.registry import Application, ModelVersion, Registry, check_name
+from clipper.runtime.artifacts import Artifacts
 from clipper.runtime.control import LiveVersionError
-from clipper.scaling import AutoscaleConfig
+from clipper.runtime.operations import Operations
 from clipper.store.base import StoreError
 
 if TYPE_CHECKING:
@@ -86,20 +83,9 @@ __all__ = ["AdminApi"]
 log = logging.getLogger("clipper.admin")
 
 _LOG_TAIL_BYTES = 1 << 20
-_DIGEST_FILE = "upload.sha256"  # beside an upload: recognises the same upload retried
 
 Handler = Callable[[dict[str, Any]], Reply]
 AsyncHandler = Callable[[dict[str, Any]], Coroutine[Any, Any, Reply]]
-
-
-@dataclass(frozen=True, slots=True)
-class _Staged:
-    """A deployment announced by a container manager before its ``add_model`` arrives."""
-
-    input_type: InputType
-    artifact: str
-    num_replicas: int
-    batching: BatchingConfig | None
 
 
 class AdminApi:
@@ -118,6 +104,7 @@ class AdminApi:
         window: MetricsWindow | None = None,
         traffic: Traffic | None = None,
         autoscaler: Autoscaler | None = None,
+        operations: Operations | None = None,
     ) -> None:
         self.autoscaler = autoscaler
         self.max_upload_unpacked_bytes = max_upload_unpacked_bytes
@@ -125,12 +112,13 @@ class AdminApi:
         self.registry = registry
         self.control = control
         self.catalog = catalog
+        # Each change's pre-checks and artifact placement, then the write side.
+        self.operations = operations or Operations(control, Artifacts(state_dir))
         self.manager = manager
         self.metrics = metrics
         self.clock = clock
         self.state_dir = state_dir
         self._tasks: set[asyncio.Task[None]] = set()
-        self._staged: dict[tuple[str, str], _Staged] = {}
         self._sync: dict[str, Handler] = {
             "get_all_applications": self._get_all_applications,
             "get_application": self._get_application,
@@ -166,7 +154,7 @@ class AdminApi:
         self._sync.update(self.state_routes.sync_routes())
         self._async.update(self.state_routes.async_routes())
         # Canary splits and shadows (docs/rollouts.md).
-        rollouts = TrafficAdmin(registry, control, traffic)
+        rollouts = TrafficAdmin(registry, self.operations, traffic)
         self._sync.update(rollouts.reads)
         self._async.update(rollouts.writes)
 
@@ -247,7 +235,7 @@ class AdminApi:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        self._staged.clear()
+        self.operations.clear_staged()
 
     # -- applications --------------------------------------------------------------------------
     async def _add_app(self, doc: dict[str, Any]) -> Reply:
@@ -352,14 +340,7 @@ class AdminApi:
     async def _add_model_links(self, doc: dict[str, Any]) -> Reply:
         app = str_field(doc, "app_name")
         names = str_list_field(doc, "model_names")
-        if app not in self.registry.apps:
-            raise OperationError(f"No app with name '{app}' exists.")
-        if len(names) != 1:
-            raise OperationError(
-                "Applications must be linked with at most one model. "
-                f"Attempted to link {len(names)} models to application '{app}'."
-            )
-        await self.control.link(app, names[0])
+        await self.operations.link(app, names)
         return text_reply(
             f"Successfully linked model with name '{names[0]}' to application '{app}'"
         )
@@ -367,14 +348,7 @@ class AdminApi:
     async def _delete_model_links(self, doc: dict[str, Any]) -> Reply:
         app = str_field(doc, "app_name")
         names = str_list_field(doc, "model_names")
-        registry = self.registry
-        if app not in registry.apps:
-            raise OperationError(f"No app with name '{app}' exists.")
-        linked = registry.linked_models(app)
-        missing = [n for n in names if n not in linked]
-        if missing:
-            raise OperationError(f"Model '{missing[0]}' is not linked to '{app}'")
-        await self.control.unlink(app, names)
+        await self.operations.unlink(app, names)
         return text_reply("Success!")
 
     # -- models --------------------------------------------------------------------------------
@@ -395,47 +369,24 @@ class AdminApi:
                 f"Invalid batch size {batch_size}: it must be a positive integer, or -1 to "
                 "let Clipper size batches adaptively"
             )
-        if version in self.registry.models.get(name, {}):
-            raise OperationError(f"model with name '{name}' and version '{version}' already exists")
         batching = (
             BatchingConfig(controller="fixed", max_batch_size=batch_size)
             if batch_size > 0
             else None
         )
-        staged = self._staged.pop((name, version), None)
-        if staged is not None:
-            # A container manager asked for replicas of this version before registering it
-            # (clipper_admin's deploy_model): start them, and answer once they are connected.
-            if staged.input_type is not itype:
-                raise OperationError(
-                    f"model '{name}' version '{version}' was staged with input type "
-                    f"{staged.input_type.readable}, but add_model says {itype.readable}"
-                )
-            await self.control.deploy(
-                ModelVersion(
-                    name=name,
-                    version=version,
-                    input_type=itype,
-                    labels=tuple(labels),
-                    artifact=staged.artifact,
-                    batching=staged.batching or batching or BatchingConfig(),
-                    num_replicas=staged.num_replicas,
-                )
-            )
-        else:
-            # Registered only: its containers are started elsewhere and dial in to the RPC
-            # port, as in the original, which only points the model at this version.
-            await self.control.register_model(
-                ModelVersion(
-                    name=name,
-                    version=version,
-                    input_type=itype,
-                    labels=tuple(labels),
-                    container_name=container_name,
-                    batching=batching or BatchingConfig(),
-                    num_replicas=0,
-                )
-            )
+        # Registered only (its containers dial in), unless a container manager staged it.
+        await self.operations.add_model(
+            ModelVersion(
+                name=name,
+                version=version,
+                input_type=itype,
+                labels=tuple(labels),
+                container_name=container_name,
+                batching=batching or BatchingConfig(),
+                num_replicas=0,
+            ),
+            batching=batching,
+        )
         return text_reply(
             f"Successfully added model with name '{name}' and input type '{itype.readable}'"
         )
@@ -472,14 +423,9 @@ class AdminApi:
     async def _set_model_version(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "model_name")
         version = str_field(doc, "model_version")
-        versions = self.registry.models.get(name)
-        if not versions:
-            raise OperationError(f"Cannot set version for nonexistent model '{name}'")
-        if version not in versions:
-            raise OperationError(f"Cannot set non-existent version '{version}' for model '{name}'")
         # The target's replicas start first (when it has an artifact), traffic switches once
         # they are connected, then the previous version drains and stops.
-        await self.control.set_version(name, version)
+        await self.operations.set_version(name, version)
         return text_reply(f"Successfully set model with name '{name}' to version '{version}'")
 
     async def _delete_versioned_model(self, doc: dict[str, Any]) -> Reply:
@@ -489,10 +435,8 @@ class AdminApi:
         # Our client and CLI always say, so the version an application is served by goes only
         # with force there (409 otherwise).
         force = bool_field(doc, "force", True)
-        if version not in self.registry.models.get(name, {}):
-            raise OperationError(f"Model with name '{name}' and version '{version}' does not exist")
         # The version is removed; its processes drain what they hold and stop.
-        await self.control.delete_version(name, version, force=force)
+        await self.operations.delete_version(name, version, force=force)
         return text_reply(f"Successfully deleted model with name '{name}' and version '{version}'")
 
     # -- deployment (extensions) ---------------------------------------------------------------
@@ -504,21 +448,6 @@ class AdminApi:
         n = num_replicas_field(doc, 1)
         batching = batching_field(doc)
         labels = str_list_field(doc, "labels", [])
-        return await self._deploy(
-            name, version, itype=itype, artifact=artifact, n=n, batching=batching, labels=labels
-        )
-
-    async def _deploy(
-        self,
-        name: str,
-        version: str,
-        *,
-        itype: InputType,
-        artifact: str,
-        n: int,
-        batching: BatchingConfig | None,
-        labels: list[str],
-    ) -> Reply:
         mv = ModelVersion(
             name=name,
             version=version,
@@ -529,8 +458,8 @@ class AdminApi:
             num_replicas=n,
         )
         # A no-op when exactly this is deployed already; "already exists" when another is.
-        await self.control.deploy(mv)
-        return json_reply({"model_name": name, "model_version": version, "num_replicas": n})
+        await self.operations.deploy(mv)
+        return _deployed(mv)
 
     async def _upload_model(self, query: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
         params = dict(parse_qsl(query))
@@ -578,62 +507,25 @@ class AdminApi:
         source = params.get("source_sha256")
         if source is not None and not is_digest(source):
             raise OperationError("source_sha256 must be a SHA-256 in lowercase hex")
-        base = self.state_dir / "uploads" / name / version
-        digest = hashlib.sha256(body).hexdigest()
-        if version in self.registry.models.get(name, {}):
-            mv = self.registry.models[name][version]
-            same = await asyncio.to_thread(_read_digest, base) == digest
-            if same and mv.input_type is itype and mv.num_replicas == n:
-                # The same upload again (a retry whose answer was lost): nothing to do.
-                return json_reply({"model_name": name, "model_version": version, "num_replicas": n})
-            # Refuse before writing: the running version's file must stay as it is.
-            raise OperationError(f"model with name '{name}' and version '{version}' already exists")
-        try:
-            if source is not None:  # what `clipper apply` compares (docs/cli.md)
-                await asyncio.to_thread(write_file, base / SOURCE_DIGEST_FILE, source.encode())
-            return await self._unpack_and_deploy(
-                base, body, digest, name, version, itype, n, batching
-            )
-        except BaseException:
-            # A failed deploy leaves nothing behind (cancelled ones too): unless the version
-            # got into the registry after all, its upload directory goes.
-            if version not in self.registry.models.get(name, {}):
-                await asyncio.shield(asyncio.to_thread(_remove_upload, base))
-            raise
-
-    async def _unpack_and_deploy(  # noqa: PLR0917 (one caller, the upload)
-        self,
-        base: Path,
-        body: bytes,
-        digest: str,
-        name: str,
-        version: str,
-        itype: InputType,
-        n: int,
-        batching: BatchingConfig | None,
-    ) -> Reply:
-        await asyncio.to_thread(write_file, base / _DIGEST_FILE, digest.encode())
-        if body[:2] == b"\x1f\x8b":  # gzip: an artifact directory
-            try:
-                await asyncio.to_thread(
-                    extract_archive,
-                    base / "artifact",
-                    body,
-                    max_bytes=self.max_upload_unpacked_bytes,
-                    max_files=self.max_upload_files,
-                )
-            except (tarfile.TarError, OSError, ArchiveTooLarge) as e:
-                raise OperationError(f"the uploaded archive cannot be unpacked: {e}") from None
-            path = base / "artifact"
-            inner = path / "model.pkl"
-            if not (path / "clipper-model.json").exists() and inner.exists():
-                path = inner  # a single pickled model, archived
-        else:
-            path = base / "model.pkl"
-            await asyncio.to_thread(write_file, path, body)
-        return await self._deploy(
-            name, version, itype=itype, artifact=str(path), n=n, batching=batching, labels=[]
+        mv = ModelVersion(
+            name=name,
+            version=version,
+            input_type=itype,
+            batching=batching or BatchingConfig(),
+            num_replicas=n,
         )
+        # Placed in the state directory, then deployed; the same upload again is a no-op.
+        await self.operations.deploy_upload(mv, body, unpack=self._unpack, source_sha256=source)
+        return _deployed(mv)
+
+    def _unpack(self, dest: Path, body: bytes) -> None:
+        try:
+            extract_archive(
+                dest, body, max_bytes=self.max_upload_unpacked_bytes,
+                max_files=self.max_upload_files,
+            )  # fmt: skip
+        except (tarfile.TarError, OSError, ArchiveTooLarge) as e:
+            raise OperationError(f"the uploaded archive cannot be unpacked: {e}") from None
 
     def _stage_model(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "model_name")
@@ -642,14 +534,9 @@ class AdminApi:
         artifact = artifact_field(str_field(doc, "artifact_path"))
         n = num_replicas_field(doc, 1)
         batching = batching_field(doc)
-        try:
-            check_name("model", name)
-            check_name("version", version)
-        except RegistryError as e:
-            raise OperationError(str(e)) from None
-        if version in self.registry.models.get(name, {}):
-            raise OperationError(f"model with name '{name}' and version '{version}' already exists")
-        self._staged[(name, version)] = _Staged(itype, artifact, n, batching)
+        self.operations.stage(
+            name, version, input_type=itype, artifact=artifact, num_replicas=n, batching=batching
+        )
         return text_reply(
             f"Successfully staged model with name '{name}' and version '{version}': "
             f"add_model will start {n} replicas of {artifact}"
@@ -660,22 +547,7 @@ class AdminApi:
         version = opt_str_field(doc, "model_version")
         n = num_replicas_field(doc)
         artifact = opt_str_field(doc, "artifact_path")
-        mv = self.registry.get_model(name, version)
-        if mv.artifact is None and artifact is not None and n > 0:
-            # Registered without an artifact (add_model): attach the one given, so the local
-            # manager can run it.
-            mv = replace(mv, artifact=artifact_field(artifact))
-            await self.control.replace_model(mv)
-        if mv.artifact is None:
-            if n > 0:
-                raise OperationError(
-                    f"model {name}:{mv.version} has no artifact for clipper-serve to run (its "
-                    "containers are started elsewhere): pass artifact_path, or deploy it with "
-                    "/admin/deploy_model"
-                )
-            await self.control.scale(name, 0, mv.version)
-        else:
-            await self.control.scale(name, n, mv.version)
+        mv = await self.operations.run_replicas(name, n, version, artifact=artifact)
         return text_reply(
             f"Successfully set the number of replicas of model with name '{name}' and version "
             f"'{mv.version}' to {n}"
@@ -684,10 +556,8 @@ class AdminApi:
     async def _set_autoscale(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "model_name")
         version = opt_str_field(doc, "model_version")
-        mv = self.registry.get_model(name, version)
-        changes = {k: v for k, v in doc.items() if k not in ("model_name", "model_version")}
-        config = AutoscaleConfig.configure(mv.autoscale, changes, owner=self.control.node_id)
-        mv = await self.control.set_autoscale(name, mv.version, config)
+        settings = {k: v for k, v in doc.items() if k not in ("model_name", "model_version")}
+        mv = await self.operations.set_autoscale(name, version, settings)
         return json_reply(self._model_doc(mv))
 
     # -- containers and replicas ---------------------------------------------------------------
@@ -799,13 +669,6 @@ class AdminApi:
         return json_reply([{"file": name, "text": text} for name, text in self.manager.logs(limit)])
 
 
-def _read_digest(base: Path) -> str | None:
-    try:
-        return (base / _DIGEST_FILE).read_text().strip()
-    except OSError:
-        return None
-
-
 def error_reply(respond: Respond, route: str, err: BaseException) -> None:
     """The admin API's error answer: every admin failure is rendered here, as plain text like
     the original's. A body off the route's schema gets the original's schema message."""
@@ -865,8 +728,7 @@ def _selection_fields(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _remove_upload(base: Path) -> None:
-    """An upload's ``<name>/<version>`` directory, and ``<name>`` when nothing else is left."""
-    shutil.rmtree(base, ignore_errors=True)
-    with contextlib.suppress(OSError):  # only when empty: other versions of the model stay
-        base.parent.rmdir()
+def _deployed(mv: ModelVersion) -> Reply:
+    return json_reply(
+        {"model_name": mv.name, "model_version": mv.version, "num_replicas": mv.num_replicas}
+    )

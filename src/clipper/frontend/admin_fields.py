@@ -20,6 +20,8 @@ from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError
 from clipper.frontend.http import JSON
 from clipper.inputs import InputType
+from clipper.runtime.artifacts import resolve_artifact
+from clipper.runtime.operations import parse_input_type
 
 __all__ = [
     "DEFAULT_MAX_UPLOAD_FILES",
@@ -46,7 +48,6 @@ __all__ = [
     "str_field",
     "str_list_field",
     "text_reply",
-    "write_file",
 ]
 
 
@@ -217,10 +218,7 @@ def str_list_field(doc: dict[str, Any], key: str, default: list[str] | None = No
 
 
 def input_type_field(name: str) -> InputType:
-    try:
-        return InputType.parse(name)
-    except ValueError as e:
-        raise OperationError(str(e)) from None
+    return parse_input_type(name)
 
 
 def batching_field(doc: dict[str, Any]) -> BatchingConfig | None:
@@ -248,13 +246,7 @@ def batching_field(doc: dict[str, Any]) -> BatchingConfig | None:
 
 
 def artifact_field(path: str) -> str:
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise OperationError(
-            f"artifact_path '{path}' does not exist on the frontend's machine: give a "
-            "cloudpickle file or a directory artifact there, or use /admin/upload_model"
-        )
-    return str(p.resolve())
+    return resolve_artifact(path)
 
 
 def num_replicas_field(doc: dict[str, Any], default: int | None = None) -> int:
@@ -280,13 +272,6 @@ def json_reply(doc: Any) -> Reply:
 
 def schema_error(route: str, msg: str) -> bytes:
     return f"Error parsing JSON: {msg}. Expected JSON schema: {SCHEMAS[route]}".encode()
-
-
-def write_file(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 class ArchiveTooLarge(ClipperError):

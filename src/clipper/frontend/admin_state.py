@@ -28,6 +28,7 @@ from clipper.frontend.admin_fields import (
 from clipper.managers.base import ContainerManager
 from clipper.metrics_window import MetricsWindow
 from clipper.registry import ModelVersion, Registry
+from clipper.runtime.artifacts import upload_dir
 
 if TYPE_CHECKING:
     from clipper.batching.scheduler import Replica
@@ -154,7 +155,7 @@ class StateRoutes:
         return digest
 
     def _source_digest(self, mv: ModelVersion) -> str | None:
-        path = self.state_dir / "uploads" / mv.name / mv.version / SOURCE_DIGEST_FILE
+        path = upload_dir(self.state_dir, mv.name, mv.version) / SOURCE_DIGEST_FILE
         try:
             text = path.read_text().strip()
         except OSError:

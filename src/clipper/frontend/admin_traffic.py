@@ -1,6 +1,7 @@
 """Admin routes of canary splits and shadows (docs/rollouts.md): ``set_traffic_split``,
 ``set_shadow`` and ``get_traffic``. The changes go through the write side
-(:meth:`Control.set_rollout`); a refused one is a 400 naming the problem, and nothing changed."""
+(:meth:`Operations.set_split`, :meth:`Operations.set_shadow`); a refused one is a 400 naming the
+problem, and nothing changed."""
 
 from __future__ import annotations
 
@@ -9,18 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from clipper.frontend.admin_fields import (
     FieldError,
-    OperationError,
     Reply,
     bool_field,
     json_reply,
     str_field,
 )
 from clipper.registry import Registry
-from clipper.rollout import with_shadow, with_split
 
 if TYPE_CHECKING:
     from clipper.query.traffic import Traffic
-    from clipper.runtime.control import Control
+    from clipper.runtime.operations import Operations
 
 __all__ = ["TrafficAdmin"]
 
@@ -29,9 +28,9 @@ AsyncHandler = Callable[[dict[str, Any]], Coroutine[Any, Any, Reply]]
 
 
 class TrafficAdmin:
-    def __init__(self, registry: Registry, control: Control, traffic: Traffic | None) -> None:
+    def __init__(self, registry: Registry, operations: Operations, traffic: Traffic | None) -> None:
         self.registry = registry
-        self.control = control
+        self.operations = operations
         self.traffic = traffic
 
     @property
@@ -43,17 +42,15 @@ class TrafficAdmin:
         return {"set_traffic_split": self._set_split, "set_shadow": self._set_shadow}
 
     def _model(self, doc: dict[str, Any]) -> str:
-        name = str_field(doc, "model_name")
-        if name not in self.registry.models:
-            raise OperationError(f"No model with name '{name}' exists.")
-        return name
+        # Checked before the rest of the body is read (a missing model is what it answers).
+        return self.operations.require_model(str_field(doc, "model_name"))
 
     async def _set_split(self, doc: dict[str, Any]) -> Reply:
         _known(doc, "model_name", "split", "sticky")
         name = self._model(doc)
         weights = _nullable(doc, "split", dict, "object")
         sticky = bool_field(doc, "sticky", False)
-        await self.control.set_rollout(name, lambda r: with_split(r, name, weights, sticky=sticky))
+        await self.operations.set_split(name, weights, sticky=sticky)
         return self._view(name)
 
     async def _set_shadow(self, doc: dict[str, Any]) -> Reply:
@@ -63,7 +60,7 @@ class TrafficAdmin:
         share = doc.get("share", 1.0)
         if isinstance(share, bool) or not isinstance(share, int | float):
             raise FieldError("Type mismatch! JSON key share expected type number")
-        await self.control.set_rollout(name, lambda r: with_shadow(r, name, version, float(share)))
+        await self.operations.set_shadow(name, version, float(share))
         return self._view(name)
 
     def _get_traffic(self, doc: dict[str, Any]) -> Reply:
