@@ -12,7 +12,6 @@ from typing import Any
 import orjson
 import pytest
 
-from clipper.batching.queue import Task
 from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import PredictionCache
 from clipper.clock import FakeClock
@@ -25,6 +24,7 @@ from clipper.frontend.routes import encode_predictions
 from clipper.inputs import InputType
 from clipper.metrics import Metrics
 from clipper.registry import Application, ModelVersion, Registry
+from clipper.rpc.link import Connection
 
 SLO_US = 20_000  # 20 ms: the answer margin is 2 ms
 
@@ -33,10 +33,10 @@ class Transport:
     """Records batches; the test answers them (or not) through the scheduler."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[Replica, int, list[Task]]] = []
+        self.sent: list[tuple[Connection[Replica], int, list[bytes]]] = []
 
-    def send_batch(self, replica: Replica, tasks: list[Task]) -> int:
-        self.sent.append((replica, len(self.sent), list(tasks)))
+    def send_batch(self, link: Connection[Replica], itype: InputType, payloads: list[bytes]) -> int:
+        self.sent.append((link, len(self.sent), list(payloads)))
         return len(self.sent) - 1
 
 
@@ -96,7 +96,7 @@ class Frontend:
                 queue_capacity=100,
             )
             self.schedulers[mv.key] = sched
-            replica = Replica(name.encode(), i, True, 3.0, self.clock.now())
+            replica = Replica(Connection(name.encode(), i, True, 3.0, self.clock.now()))
             sched.add_replica(replica)
             self.replicas[name] = replica
         self.proc = QueryProcessor(
