@@ -57,7 +57,8 @@ from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
 from clipper.runtime.state_lock import StateLock
 from clipper.scaling import AutoscaleConfig
-from clipper.store.base import Store, open_store
+from clipper.store.base import Store
+from clipper.store.open import open_store
 
 if TYPE_CHECKING:
     from clipper.frontend.grpc.native import NativeGrpcServer
