@@ -37,6 +37,7 @@ from clipper.frontend.v2_request import (
     tensor_datatype,
     timeout_slo,
 )
+from clipper.version import __version__
 
 if TYPE_CHECKING:
     from clipper.registry import Application
@@ -63,9 +64,7 @@ _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
 def server_version() -> str:
-    import clipper  # imported late: the package imports this module's importers
-
-    return str(clipper.__version__)
+    return __version__
 
 
 def error_response(respond: Respond, err: RequestError) -> None:
