@@ -36,8 +36,7 @@ if (
     from clipper.inputs import InputType
     from clipper.registry import Application, ModelVersion
     from clipper.server import Clipper
-
-__version__ = "0.1.0"
+    from clipper.version import __version__
 
 __all__ = [
     "Application",
@@ -91,6 +90,7 @@ _ORIGIN: dict[str, str] = {
     "ReplicaError": "clipper.errors",
     "RequestError": "clipper.errors",
     "WireError": "clipper.errors",
+    "__version__": "clipper.version",
 }
 
 

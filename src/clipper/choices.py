@@ -295,16 +295,16 @@ STORES = Choice(
     "config store",
     StoreScheme,
     {
-        "memory": Option("memory:// - gone with the process", "clipper.store.base:_open_memory"),
+        "memory": Option("memory:// - gone with the process", "clipper.store.open:open_memory"),
         "sqlite": Option(
             "sqlite:///path/to/clipper.db or sqlite:///state-dir - one frontend",
-            "clipper.store.base:_open_sqlite",
+            "clipper.store.open:open_sqlite",
         ),
         "redis": Option(
             "redis://host:port/db[?prefix=name] - shared by several frontends",
-            "clipper.store.base:_open_redis",
+            "clipper.store.open:open_redis",
         ),
-        "rediss": Option("rediss://... - redis over TLS", "clipper.store.base:_open_redis"),
+        "rediss": Option("rediss://... - redis over TLS", "clipper.store.open:open_redis"),
     },
 )
 

@@ -19,6 +19,7 @@ import orjson
 
 from clipper.client import Client
 from clipper.errors import ConfigError
+from clipper.tables import autoscale_rows, table
 
 __all__ = ["OPERATOR_COMMANDS", "add_operator_commands", "run_operator_command"]
 
@@ -213,10 +214,8 @@ class _LogPrinter:
 
 # -- status ------------------------------------------------------------------------------------
 def _status(client: Client, args: argparse.Namespace) -> int:
-    from clipper.commands import _autoscale_rows, _table
-
     status = client.admin("get_status", {})
-    scaled = _autoscale_rows(client.list_models())
+    scaled = autoscale_rows(client.list_models())
     if scaled:
         status["autoscaling"] = scaled
     if args.json:
@@ -246,10 +245,10 @@ def _status(client: Client, args: argparse.Namespace) -> int:
     )
     for title, rows, cols in sections:
         print(title)
-        print(_table(rows, cols) if rows else "  (none)")
+        print(table(rows, cols) if rows else "  (none)")
     if scaled:
         print("autoscaling:")
-        print(_table(scaled, list(scaled[0])))
+        print(table(scaled, list(scaled[0])))
     return EXIT_OK
 
 

@@ -32,6 +32,7 @@ from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
 from clipper.pipeline.describe import apply_description
 from clipper.rollout_commands import add_rollout_commands, run_rollout_command
+from clipper.tables import table
 
 __all__ = ["add_commands", "run_command"]
 
@@ -355,32 +356,6 @@ _AUTOSCALE = (
 )
 
 
-def _autoscale_rows(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per autoscaled version: its bounds, and what the frontend driving it sees."""
-    rows = []
-    for m in models:
-        a = m.get("autoscale")
-        if not a:
-            continue
-        st = a.get("status") or {}
-        last = st.get("last_decision") or {}
-        util = st.get("utilization")
-        rows.append(
-            {
-                "model_name": m["model_name"],
-                "model_version": m["model_version"],
-                "on": a["enabled"],
-                "replicas": a["num_replicas"],
-                "bounds": f"{a['min_replicas']}..{a['max_replicas']}",
-                "target": a["target_utilization"],
-                "utilization": None if util is None else round(util, 2),
-                "last_decision": last.get("reason"),
-                "note": st.get("note") if a["driven_here"] else "driven by another frontend",
-            }
-        )
-    return rows
-
-
 def _deploy(client: Client, args: argparse.Namespace) -> str:
     path = Path(args.path)
     if not path.exists():
@@ -447,21 +422,8 @@ def _show(args: argparse.Namespace, rows: Sequence[dict[str, Any]], cols: list[s
     if args.json:
         print(orjson.dumps(list(rows)).decode())
     else:
-        print(_table(rows, cols) if rows else "(none)")
+        print(table(rows, cols) if rows else "(none)")
     return EXIT_OK
-
-
-def _table(rows: Sequence[dict[str, Any]], cols: list[str]) -> str:
-    def cell(v: Any) -> str:
-        if isinstance(v, list):
-            return ",".join(map(str, v)) or "-"
-        return "-" if v is None else str(v)
-
-    cells = [[cell(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def _err(msg: str) -> None:

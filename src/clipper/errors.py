@@ -26,7 +26,7 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │   └── LiveVersionError   deleting a version applications are served by, unforced (409)
     │                          [runtime.control]
     ├── FieldError             an admin body off its route's schema [frontend.admin_fields]
-    ├── ArchiveTooLarge        upload over its unpacked size or file limit [frontend.admin_fields]
+    ├── ArchiveTooLarge        upload over its unpacked size or file limit [archives]
     ├── StoreError             the config store's backend failed; nothing changed (503) [store.base]
     ├── ModelError             a model raised while predicting (carries its message)
     ├── OverloadedError        a query shed because it cannot meet its deadline (queue full/slow)

@@ -23,6 +23,7 @@ from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
 from clipper.pipeline.spec import Pipeline, check_against, parse_pipeline
 from clipper.rollout import Rollout
+from clipper.rpc.wire import embed_output
 from clipper.scaling import AutoscaleConfig
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
     "Intent",
     "ModelVersion",
     "Registry",
-    "embed_output",
 ]
 
 log = logging.getLogger("clipper.registry")
@@ -43,14 +43,6 @@ Records = dict[str, dict[str, Any]]
 GONE: Any = type("Gone", (), {"__repr__": lambda self: "GONE"})()
 
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
-
-
-def embed_output(text: str) -> Any:
-    """The original's rule: an output string that parses as JSON is embedded as JSON."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
 
 
 def check_name(kind: str, name: str) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clipper.batching.scheduler import ModelScheduler
+from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import PredictionCache
 from clipper.choices import OnModelError, Overload
 from clipper.clock import Clock, MonotonicClock
@@ -42,6 +42,7 @@ from clipper.query.runtime import QueryServices, build_query_runtime
 from clipper.registry import Application, ModelVersion, Registry
 from clipper.rollout import Rollout
 from clipper.rpc.artifacts import ArtifactServer
+from clipper.rpc.link import Connection
 from clipper.rpc.server import RpcServer
 from clipper.runtime.artifacts import Artifacts
 from clipper.runtime.autoscaler import Autoscaler
@@ -53,7 +54,8 @@ from clipper.runtime.ports import binding
 from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
 from clipper.runtime.state_lock import StateLock
-from clipper.store.base import Store, open_store
+from clipper.store.base import Store
+from clipper.store.open import open_store
 
 if TYPE_CHECKING:
     from clipper.frontend.grpc.native import NativeGrpcServer
@@ -115,32 +117,32 @@ class Clipper:
         )  # fmt: skip
         self.processor = self.query.processor
         self.traffic = self.query.traffic
+        # The directory and the RPC endpoint call each other: the endpoint is built with the
+        # directory, and the directory drops connections through a callback into the endpoint.
         self.directory = ReplicaDirectory(
             self.catalog,
             clock=self.clock,
             replica_timeout_s=config.replica_timeout_s,
             v3_replica_timeout_s=config.v3_replica_timeout_s,
+            disconnect=self._hang_up,
+        )
+        self.artifacts = ArtifactServer(
+            artifact_of=self._artifact_of,
+            pack_dir=self.state_dir / "artifact-packs",
+            on_fetch=lambda m, v: self.metrics.artifact_fetches.labels(model=m, version=v).inc(),
         )
         rpc_keys = (config.rpc_keys_dir or self.state_dir / "rpc-keys") if config.rpc_auth else None
-        self.rpc = RpcServer(
+        self.rpc: RpcServer[Replica] = RpcServer(
             host=config.rpc_host,
             port=config.rpc_port,
             clock=self.clock,
             registrar=self.directory.register,
             on_removed=self.directory.removed,
             sink=self.directory,
-            input_type_of=lambda r: r.scheduler.mv.input_type if r.scheduler else InputType.BYTES,
+            artifacts=self.artifacts,
             keys_dir=rpc_keys,
             on_refused=lambda reason: self.metrics.rpc_refused.labels(reason=reason).inc(),
         )
-        self.directory.remove = self.rpc.remove
-        self.artifacts = ArtifactServer(
-            artifact_of=self._artifact_of,
-            pack_dir=self.state_dir / "artifact-packs",
-            send=self.rpc.send_to,
-            on_fetch=lambda m, v: self.metrics.artifact_fetches.labels(model=m, version=v).inc(),
-        )
-        self.rpc.artifacts = self.artifacts
         self.manager: ContainerManager = open_manager(
             config.manager,
             ManagerContext(
@@ -575,7 +577,11 @@ class Clipper:
 
     def _disconnect(self, sched: ModelScheduler) -> None:
         for replica in list(sched.replicas):
-            self.rpc.remove(replica)
+            self.rpc.remove(replica.link)
+
+    def _hang_up(self, link: Connection[Replica]) -> None:
+        """Drop one connection (the replica directory's callback into the RPC endpoint)."""
+        self.rpc.remove(link)
 
     def _close_schedulers(self) -> None:
         for sched in self.schedulers.values():
@@ -612,11 +618,11 @@ class Clipper:
         for model in models:
             sched = self.catalog.scheduler(model)
             replica = next((r for r in sched.replicas if r.fast), None) if sched else None
-            if replica is None:
+            if sched is None or replica is None:
                 log.debug("no fast replica of %s takes online updates", model)
                 continue
             try:
-                self.rpc.send_update(replica, payload, label)
+                self.rpc.send_update(replica.link, sched.mv.input_type, payload, label)
             except ClipperError:
                 log.warning("an online update to %s was not sent", model)
 

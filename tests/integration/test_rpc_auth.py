@@ -283,7 +283,7 @@ def test_a_held_event_loop_removes_no_replica(tmp_path: Path) -> None:
                 a.close()
                 b.close()
             assert c.schedulers[("sum", "1")].replicas == [replica]
-            assert c.rpc.replicas() == [replica]
+            assert c.rpc.replicas() == [replica.link]
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())

@@ -23,6 +23,7 @@ from clipper.managers.base import ContainerManager
 from clipper.managers.local import ReplicaProcess
 from clipper.metrics import Metrics, histogram_quantile
 from clipper.registry import Application, ModelVersion, Registry
+from clipper.rpc.link import Connection
 from clipper.selection import make_policy
 from tests.catalogs import catalog_of
 
@@ -107,8 +108,7 @@ def _app(name: str, policy: str = "single", **params: Any) -> Application:
 
 
 def _replica(replica_id: int, address: str, *, draining: bool = False) -> Replica:
-    r = Replica(b"id%d" % replica_id, replica_id, True, 3.0, 0.0)
-    r.address = address
+    r = Replica(Connection(b"id%d" % replica_id, replica_id, True, 3.0, 0.0, token=address))
     r.draining = draining
     return r
 

@@ -26,6 +26,7 @@ from clipper.query.loop_lag import LoopLagMonitor
 from clipper.query.prediction import SLO_MISSED, Prediction, Reply
 from clipper.query.runtime import build_query_runtime
 from clipper.registry import Application, ModelVersion, Registry
+from clipper.rpc.link import Connection
 from clipper.runtime.catalog import Catalog, SchedulerTable
 
 SLO_US = 20_000  # 20 ms: the answer margin is 2 ms
@@ -35,11 +36,20 @@ class Transport:
     """Records batches; the test answers them (or not) through the scheduler."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[Replica, int, list[Task]]] = []
+        self.sent: list[tuple[Connection[Replica], int, list[bytes]]] = []
+        # msg id -> the tasks the batch carried (the wire sees payloads only: read from the
+        # replica's in-flight record while it is there)
+        self.tasks: dict[int, list[Task]] = {}
 
-    def send_batch(self, replica: Replica, tasks: list[Task]) -> int:
-        self.sent.append((replica, len(self.sent), list(tasks)))
+    def send_batch(self, link: Connection[Replica], itype: InputType, payloads: list[bytes]) -> int:
+        self.sent.append((link, len(self.sent), list(payloads)))
         return len(self.sent) - 1
+
+    def capture(self) -> None:
+        for link, msg_id, _ in self.sent:
+            replica = link.peer
+            if msg_id not in self.tasks and replica is not None and msg_id in replica.in_flight:
+                self.tasks[msg_id] = list(replica.in_flight[msg_id][0])
 
 
 class Answers:
@@ -99,7 +109,7 @@ class Frontend:
                 queue_capacity=100,
             )
             self.schedulers.put(mv.key, sched)
-            replica = Replica(name.encode(), i, True, 3.0, self.clock.now())
+            replica = Replica(Connection(name.encode(), i, True, 3.0, self.clock.now()))
             sched.add_replica(replica)
             self.replicas[name] = replica
         self.query = build_query_runtime(
@@ -127,6 +137,7 @@ class Frontend:
 
     def answer(self, model: str, outputs: list[object]) -> None:
         """The model's replica answers its (only) batch in flight."""
+        self.transport.capture()
         replica = self.replicas[model]
         [msg_id] = replica.in_flight
         sched = replica.scheduler

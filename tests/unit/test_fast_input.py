@@ -55,7 +55,7 @@ def _run(f: Frontend, body: bytes) -> tuple[Any, ...]:
         f.predict("app", body, answers)
     except RequestError as e:
         return ("error", e.status, str(e))
-    sent = [t.payload for _, _, tasks in f.transport.sent for t in tasks]
+    sent = [p for _, _, payloads in f.transport.sent for p in payloads]
     f.transport.sent.clear()
     f.replicas["m"].in_flight.clear()
     return ("sent", sent)

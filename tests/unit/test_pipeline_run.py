@@ -32,8 +32,10 @@ class PipelineFrontend(Frontend):
 
     def batches(self, model: str) -> list[Any]:
         """The deadlines of the tasks sent to ``model``."""
-        return [t for r, _, tasks in self.transport.sent if r.identity == model.encode()
-                for t in tasks]  # fmt: skip
+        self.transport.capture()
+        tasks = self.transport.tasks
+        return [t for r, msg_id, _ in self.transport.sent if r.identity == model.encode()
+                for t in tasks.get(msg_id, [])]  # fmt: skip
 
     def ask(self, body: bytes = b'{"input": {"x": 2}}') -> Answers:
         answers = Answers(self.clock)

@@ -15,19 +15,23 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import zmq
 
-from clipper.batching.scheduler import Replica
 from clipper.clock import FakeClock
 from clipper.inputs import InputType
 from clipper.rpc import wire
+from clipper.rpc.link import Connection
 from clipper.rpc.server import RpcServer
 
 TIMEOUT_S = 3.0
 
 
+# What the serving side keeps per connection: nothing, here.
+Link = Connection[None]
+
+
 class NoAnswers:
     def deliver(
         self,
-        replica: Replica,
+        link: Link,
         msg_id: int,
         outputs: list[object] | None,
         error: str | None,
@@ -35,13 +39,19 @@ class NoAnswers:
     ) -> None:
         raise AssertionError("no batch was sent")
 
+    def leaving(self, link: Link) -> int:
+        return 0
+
+    def in_flight(self, link: Link) -> int:
+        return 0
+
 
 async def test_a_silent_replica_is_removed_after_its_timeout_on_the_clock() -> None:
     clock = FakeClock(start=0.0)
-    removed: list[tuple[Replica, float]] = []
+    removed: list[tuple[Link, float]] = []
 
-    def register(msg: wire.NewContainer, identity: bytes) -> Replica:
-        return Replica(identity, 0, msg.fast, TIMEOUT_S, clock.now())
+    def register(msg: wire.NewContainer, identity: bytes) -> Link:
+        return Connection(identity, 0, msg.fast, TIMEOUT_S, clock.now())
 
     rpc = RpcServer(
         host="127.0.0.1",
@@ -50,7 +60,6 @@ async def test_a_silent_replica_is_removed_after_its_timeout_on_the_clock() -> N
         registrar=register,
         on_removed=lambda r: removed.append((r, clock.now())),
         sink=NoAnswers(),
-        input_type_of=lambda _: InputType.BYTES,
     )
     await rpc.start()
     try:
@@ -77,12 +86,12 @@ class StallingClock(FakeClock):
 
 
 @pytest.fixture
-async def stalled() -> AsyncIterator[tuple[StallingClock, RpcServer, list[Replica]]]:
+async def stalled() -> AsyncIterator[tuple[StallingClock, RpcServer[None], list[Link]]]:
     clock = StallingClock(start=0.0)
-    removed: list[Replica] = []
+    removed: list[Link] = []
 
-    def register(msg: wire.NewContainer, identity: bytes) -> Replica:
-        return Replica(identity, 0, msg.fast, TIMEOUT_S, clock.now())
+    def register(msg: wire.NewContainer, identity: bytes) -> Link:
+        return Connection(identity, 0, msg.fast, TIMEOUT_S, clock.now())
 
     rpc = RpcServer(
         host="127.0.0.1",
@@ -91,7 +100,6 @@ async def stalled() -> AsyncIterator[tuple[StallingClock, RpcServer, list[Replic
         registrar=register,
         on_removed=removed.append,
         sink=NoAnswers(),
-        input_type_of=lambda _: InputType.BYTES,
     )
     await rpc.start()
     try:
@@ -101,7 +109,7 @@ async def stalled() -> AsyncIterator[tuple[StallingClock, RpcServer, list[Replic
 
 
 async def test_time_the_loop_was_held_is_not_counted_as_silence(
-    stalled: tuple[StallingClock, RpcServer, list[Replica]],
+    stalled: tuple[StallingClock, RpcServer[None], list[Link]],
 ) -> None:
     clock, rpc, removed = stalled
     rpc._handle([b"c1", *wire.encode_new_container("m", "1", InputType.BYTES.code)])
@@ -120,7 +128,7 @@ async def test_time_the_loop_was_held_is_not_counted_as_silence(
 
 
 async def test_a_stall_before_the_last_message_excuses_nothing(
-    stalled: tuple[StallingClock, RpcServer, list[Replica]],
+    stalled: tuple[StallingClock, RpcServer[None], list[Link]],
 ) -> None:
     clock, rpc, removed = stalled
     rpc._handle([b"c1", *wire.encode_new_container("m", "1", InputType.BYTES.code)])
@@ -136,7 +144,7 @@ async def test_a_stall_before_the_last_message_excuses_nothing(
 
 
 async def test_messages_waiting_in_the_socket_are_read_before_judging(
-    stalled: tuple[StallingClock, RpcServer, list[Replica]],
+    stalled: tuple[StallingClock, RpcServer[None], list[Link]],
 ) -> None:
     clock, rpc, removed = stalled
     ctx = zmq.Context()

@@ -20,30 +20,33 @@ from clipper.errors import DeadlineExceeded, ModelError, OverloadedError, Replic
 from clipper.inputs import InputType
 from clipper.metrics import Metrics
 from clipper.registry import ModelVersion
+from clipper.rpc.link import Connection
 
 SLO_S = 1.0
 
 
 class FakeTransport:
-    """Records every batch; message ids count up from 100."""
+    """Records every batch (the replica it went to, its message id and payloads); message ids
+    count up from 100."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[Replica, int, list[Task]]] = []
+        self.sent: list[tuple[Replica, int, list[bytes]]] = []
         self.fail_next = False
         self.batch_sent = asyncio.Event()
         self._ids = iter(range(100, 10_000))
 
-    def send_batch(self, replica: Replica, tasks: list[Task]) -> int:
+    def send_batch(self, link: Connection[Replica], itype: InputType, payloads: list[bytes]) -> int:
         if self.fail_next:
             self.fail_next = False
             raise WireError("the replica's send queue is full")
+        assert link.peer is not None and itype is InputType.BYTES
         msg_id = next(self._ids)
-        self.sent.append((replica, msg_id, list(tasks)))
+        self.sent.append((link.peer, msg_id, list(payloads)))
         self.batch_sent.set()
         return msg_id
 
     def payloads(self, i: int) -> list[bytes]:
-        return [t.payload for t in self.sent[i][2]]
+        return self.sent[i][2]
 
 
 class Results:
@@ -90,7 +93,8 @@ class Harness:
         self._ids = iter(range(1000))
 
     def replica(self) -> Replica:
-        r = Replica(f"r{len(self.sched.replicas)}".encode(), next(self._ids), True, 3.0, 0.0)
+        identity = f"r{len(self.sched.replicas)}".encode()
+        r = Replica(Connection(identity, next(self._ids), True, 3.0, 0.0))
         self.sched.add_replica(r)
         return r
 
@@ -108,9 +112,9 @@ class Harness:
         self, i: int, outputs: list[object] | None = None, error: str | None = None
     ) -> None:
         """Answer the i-th batch sent: by default each payload's output is its upper case."""
-        replica, msg_id, tasks = self.transport.sent[i]
+        replica, msg_id, payloads = self.transport.sent[i]
         if outputs is None and error is None:
-            outputs = [t.payload.upper() for t in tasks]
+            outputs = [p.upper() for p in payloads]
         self.sched.on_response(replica, msg_id, outputs, error, 10)
 
 
@@ -174,7 +178,7 @@ async def test_batch_size_is_capped_by_the_controller(harness_factory: Any) -> N
     h.respond(0)
     h.respond(1)
     h.respond(2)
-    sizes = [len(tasks) for _, _, tasks in h.transport.sent]
+    sizes = [len(payloads) for _, _, payloads in h.transport.sent]
     assert sizes == [4, 4, 2]
     # Oldest first (all have the same deadline): arrival order is kept across batches.
     assert [p for i in range(3) for p in h.transport.payloads(i)] == payloads
@@ -185,7 +189,7 @@ async def test_two_replicas_share_the_queue(harness_factory: Any) -> None:
     h = harness_factory(batching=fixed(2))
     r0, r1 = h.replica(), h.replica()
     h.submit(b"a", b"b", b"c", b"d", b"e")
-    assert [(rep, len(tasks)) for rep, _, tasks in h.transport.sent] == [(r0, 2), (r1, 2)]
+    assert [(rep, len(p)) for rep, _, p in h.transport.sent] == [(r0, 2), (r1, 2)]
     h.respond(1)
     assert h.transport.sent[2][0] is r1
     assert h.transport.payloads(2) == [b"e"]
@@ -274,6 +278,7 @@ async def test_removed_replica_requeues_its_batches_to_the_other(harness_factory
     r0 = h.replica()
     h.submit(b"a", b"b")
     assert h.transport.sent[0][0] is r0
+    [(sent, _)] = r0.in_flight.values()
     r1 = h.replica()
     assert len(h.transport.sent) == 1  # nothing else to send
 
@@ -282,7 +287,8 @@ async def test_removed_replica_requeues_its_batches_to_the_other(harness_factory
     assert r0.in_flight == {}
     assert h.transport.sent[1][0] is r1
     assert h.transport.payloads(1) == [b"a", b"b"]
-    assert h.transport.sent[1][2] == h.transport.sent[0][2]  # the same tasks, deadlines kept
+    [(resent, _)] = r1.in_flight.values()
+    assert resent == sent  # the same tasks, deadlines kept
 
     h.respond(0, outputs=[b"stale", b"stale"])  # the dead replica's late answer is ignored
     assert h.results.calls == {}

@@ -16,7 +16,7 @@ pytest.importorskip("redis")
 import redis.exceptions
 
 from clipper.clock import FakeClock
-from clipper.store.base import open_store
+from clipper.store.open import open_store
 from clipper.store.redis import RedisStore
 
 EPS = 1e-6

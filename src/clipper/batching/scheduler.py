@@ -21,8 +21,10 @@ from clipper.batching.wait import WaitPolicy, make_wait_policy
 from clipper.cache import PredictionCache
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import DeadlineExceeded, ModelError, OverloadedError
+from clipper.inputs import InputType
 from clipper.metrics import Metrics
 from clipper.registry import ModelVersion
+from clipper.rpc.link import Connection
 
 __all__ = ["ModelScheduler", "Replica", "Transport"]
 
@@ -30,43 +32,62 @@ log = logging.getLogger("clipper.scheduler")
 
 
 class Replica:
-    """One connected container process serving one model version."""
+    """One connected container process serving one model version: the scheduler's slot for
+    the RPC connection ``link`` (its batches in flight, its batch-size controller).
+
+    The connection's identity, framing, liveness and token are read through to ``link``."""
 
     __slots__ = (
-        "address",
         "controller",
         "drained",
         "draining",
-        "fast",
-        "identity",
         "in_flight",
-        "last_seen",
         "latency_metric",
-        "replica_id",
+        "link",
         "scheduler",
-        "timeout",
     )
 
-    def __init__(
-        self, identity: bytes, replica_id: int, fast: bool, timeout: float, last_seen: float
-    ) -> None:
-        self.identity = identity
-        self.replica_id = replica_id
-        self.fast = fast
-        self.timeout = timeout
-        self.last_seen = last_seen
+    def __init__(self, link: Connection[Replica]) -> None:
+        self.link = link
+        link.peer = self
         self.in_flight: dict[int, tuple[list[Task], float]] = {}
         self.scheduler: ModelScheduler | None = None
         self.controller: BatchController | None = None
         self.latency_metric: Any = None
-        self.address = ""
         # Being stopped on purpose: gets no new batches, its in-flight ones still come back.
         self.draining = False
         self.drained: asyncio.Event | None = None
 
+    @property
+    def identity(self) -> bytes:
+        return self.link.identity
+
+    @property
+    def replica_id(self) -> int:
+        return self.link.replica_id
+
+    @property
+    def fast(self) -> bool:
+        return self.link.fast
+
+    @property
+    def last_seen(self) -> float:
+        return self.link.last_seen
+
+    @property
+    def timeout(self) -> float:
+        return self.link.timeout
+
+    @property
+    def address(self) -> str:
+        """The replica token its container presented ("" for one started by hand)."""
+        return self.link.token
+
 
 class Transport(Protocol):
-    def send_batch(self, replica: Replica, tasks: list[Task]) -> int:
+    """How batches reach a replica's container (the RPC server)."""
+
+    def send_batch(self, link: Connection[Replica], itype: InputType, payloads: list[bytes]) -> int:
         """Send the batch; return its message id."""
         ...
 
@@ -377,7 +398,9 @@ class ModelScheduler:
             self._wait.dispatched(d.count)
             tasks = q.pop(d.count)
             try:
-                msg_id = self.transport.send_batch(r, tasks)
+                msg_id = self.transport.send_batch(
+                    r.link, self.mv.input_type, [t.payload for t in tasks]
+                )
             except Exception as exc:  # a broken socket must not lose the queries
                 log.exception("sending a batch to replica %s failed", r.replica_id)
                 q.requeue(tasks)

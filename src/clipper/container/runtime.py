@@ -98,10 +98,11 @@ def load_model(path: str | os.PathLike[str]) -> object:
     closure-container directory."""
     p = Path(path)
     if p.is_dir():
-        from clipper import deployers  # imported here: plain pickles need none of it
+        # Imported here: plain pickles need none of it.
+        from clipper.deployers import MANIFEST, load
 
-        if (p / deployers.MANIFEST).is_file():
-            return deployers.load(p)
+        if (p / MANIFEST).is_file():
+            return load(p)
         modules = p / "modules"
         if modules.is_dir():
             sys.path.insert(0, str(modules))  # the closure's own helper modules

@@ -15,11 +15,11 @@ from typing import Any
 
 import orjson
 
+from clipper.archives import ArchiveTooLarge, extract_archive
 from clipper.client import Client
 from clipper.config import BatchingConfig
 from clipper.declarative.spec import APP_DEFAULTS, EXTERNAL_CONTAINER
 from clipper.errors import ConfigError
-from clipper.frontend.admin_fields import ArchiveTooLarge, extract_archive
 
 __all__ = ["STATE_FILE", "export_state", "to_document"]
 

@@ -29,16 +29,19 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from clipper.archives import (
+    DEFAULT_MAX_UPLOAD_FILES,
+    DEFAULT_MAX_UPLOAD_UNPACKED_BYTES,
+    ArchiveTooLarge,
+    extract_archive,
+)
 from clipper.artifact_digest import is_digest
 from clipper.choices import ON_MODEL_ERROR, OVERLOAD, OnModelError
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, NotFoundError, RegistryError
 from clipper.frontend.admin_fields import (
-    DEFAULT_MAX_UPLOAD_FILES,
-    DEFAULT_MAX_UPLOAD_UNPACKED_BYTES,
     SCHEMAS,
     TEXT,
-    ArchiveTooLarge,
     FieldError,
     OperationError,
     Reply,
@@ -46,7 +49,6 @@ from clipper.frontend.admin_fields import (
     batching_field,
     bool_field,
     check_chars,
-    extract_archive,
     input_type_field,
     int_field,
     json_reply,

@@ -7,10 +7,6 @@ Each parser raises :class:`FieldError` for a field that is missing or of the wro
 
 from __future__ import annotations
 
-import io
-import shutil
-import tarfile
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -24,11 +20,8 @@ from clipper.runtime.artifacts import resolve_artifact
 from clipper.runtime.operations import parse_input_type
 
 __all__ = [
-    "DEFAULT_MAX_UPLOAD_FILES",
-    "DEFAULT_MAX_UPLOAD_UNPACKED_BYTES",
     "SCHEMAS",
     "TEXT",
-    "ArchiveTooLarge",
     "FieldError",
     "OperationError",
     "Reply",
@@ -36,7 +29,6 @@ __all__ = [
     "batching_field",
     "bool_field",
     "check_chars",
-    "extract_archive",
     "input_type_field",
     "int_field",
     "json_reply",
@@ -272,48 +264,3 @@ def json_reply(doc: Any) -> Reply:
 
 def schema_error(route: str, msg: str) -> bytes:
     return f"Error parsing JSON: {msg}. Expected JSON schema: {SCHEMAS[route]}".encode()
-
-
-class ArchiveTooLarge(ClipperError):
-    """An uploaded archive over the unpacked-size or file-count limit (a decompression bomb
-    or a mistake): refused before it fills the disk."""
-
-
-# Generous for a model directory, far below what a small archive can claim to unpack to.
-DEFAULT_MAX_UPLOAD_UNPACKED_BYTES = 2 * 2**30
-DEFAULT_MAX_UPLOAD_FILES = 10_000
-
-
-def extract_archive(
-    dest: Path,
-    archive: bytes,
-    *,
-    max_bytes: int = DEFAULT_MAX_UPLOAD_UNPACKED_BYTES,
-    max_files: int = DEFAULT_MAX_UPLOAD_FILES,
-) -> None:
-    """Unpack an uploaded artifact; the "data" filter refuses absolute paths, links out of
-    the directory and device files, so an upload cannot write outside ``dest``.
-
-    Read as a stream, member by member, each checked before it is written: an archive whose
-    members add up to more than ``max_bytes`` or ``max_files`` stops there (raising
-    :class:`ArchiveTooLarge`; the caller removes what was written), so a small upload cannot
-    unpack into gigabytes, and nothing past the limit is even decompressed."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    total = files = 0
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r|gz") as tar:
-        for member in tar:
-            files += 1
-            total += max(member.size, 0)
-            if files > max_files:
-                raise ArchiveTooLarge(
-                    f"the archive has more than {max_files} entries "
-                    "(the limit is --max-upload-files)"
-                )
-            if total > max_bytes:
-                raise ArchiveTooLarge(
-                    f"the archive unpacks to more than {max_bytes} bytes "
-                    "(the limit is --max-upload-unpacked-bytes)"
-                )
-            tar.extract(member, dest, filter="data")

@@ -37,6 +37,7 @@ from clipper.frontend.v2_request import (
     timeout_slo,
 )
 from clipper.query.prediction import Prediction, answer_failed
+from clipper.version import __version__
 
 if TYPE_CHECKING:
     from clipper.query.runtime import QueryServices
@@ -63,9 +64,7 @@ _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
 def server_version() -> str:
-    import clipper  # imported late: the package imports this module's importers
-
-    return str(clipper.__version__)
+    return __version__
 
 
 def error_response(respond: Respond, err: RequestError) -> None:

@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import clipper
 from clipper.clock import Clock, sleep, wait_for
 from clipper.errors import ReplicaError
 from clipper.registry import ModelVersion
+from clipper.version import IMPORT_ROOT
 
 __all__ = ["LOG_MAX_BYTES", "LocalManager", "ReplicaProcess", "RotatingLog"]
 
@@ -223,8 +223,8 @@ class LocalManager:
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         # The container must import the same clipper as we run, installed or not.
-        src = str(Path(clipper.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+        path = (IMPORT_ROOT, env.get("PYTHONPATH", ""))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 

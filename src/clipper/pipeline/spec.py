@@ -18,20 +18,18 @@ Every problem is a :class:`~clipper.errors.RegistryError` naming it: the admin A
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from clipper.errors import RegistryError
-
-if TYPE_CHECKING:
-    from clipper.registry import Registry
 
 __all__ = [
     "MAX_STAGES",
     "REQUEST",
     "Pipeline",
     "Ref",
+    "RegistryView",
     "Stage",
     "check_against",
     "parse_pipeline",
@@ -296,7 +294,26 @@ def parse_pipeline(doc: Any) -> Pipeline:
     )
 
 
-def check_against(app_name: str, pipeline: Pipeline, registry: Registry) -> None:
+class _AppView(Protocol):
+    @property
+    def pipeline(self) -> object: ...
+
+
+class RegistryView(Protocol):
+    """What :func:`check_against` reads of the registry (a :class:`clipper.registry.Registry`
+    is one): model names, applications (whether each is a pipeline) and their links."""
+
+    @property
+    def models(self) -> Mapping[str, object]: ...
+
+    @property
+    def apps(self) -> Mapping[str, _AppView]: ...
+
+    @property
+    def links(self) -> Mapping[str, Sequence[str]]: ...
+
+
+def check_against(app_name: str, pipeline: Pipeline, registry: RegistryView) -> None:
     """The models and applications the stages name exist (in ``registry``, the draft of the
     change), and no stage's application is itself a pipeline."""
     for stage in pipeline.stages.values():

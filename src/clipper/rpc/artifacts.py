@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipper.rpc import wire
+from clipper.rpc.server import SendTo
 
 __all__ = ["ArtifactServer", "PackedArtifact", "pack_artifact"]
 
@@ -82,6 +83,10 @@ def pack_artifact(source: Path, pack_dir: Path, stem: str) -> PackedArtifact:
     return PackedArtifact(path, digest.hexdigest(), size, kind)
 
 
+def _error(send: SendTo, identity: bytes, message: str) -> None:
+    send(identity, wire.encode_artifact_chunk({"error": message}, b""))
+
+
 def _read(path: Path, offset: int, count: int) -> bytes:
     with path.open("rb") as f:
         f.seek(offset)
@@ -97,14 +102,12 @@ class ArtifactServer:
         *,
         artifact_of: Callable[[str, str], str | None],
         pack_dir: Path,
-        send: Callable[[bytes, list[bytes]], None],
         on_fetch: Callable[[str, str], None] | None = None,
     ) -> None:
         """``artifact_of(name, version)``: the artifact's path on this machine, None when the
         version is unknown or has none. ``on_fetch``: counts a fetch (its first chunk)."""
         self._artifact_of = artifact_of
         self.pack_dir = pack_dir
-        self._send = send
         self._on_fetch = on_fetch
         self._packs: dict[tuple[str, str, str], asyncio.Task[PackedArtifact]] = {}
         self._serving: set[asyncio.Task[None]] = set()
@@ -125,14 +128,15 @@ class ArtifactServer:
         self._serving.clear()
         self._packs.clear()
 
-    def __call__(self, identity: bytes, req: wire.ArtifactRequest) -> None:
-        """One request, from the RPC server's reader (on the loop): answered by a task."""
+    def __call__(self, identity: bytes, req: wire.ArtifactRequest, send: SendTo) -> None:
+        """One request, from the RPC server's reader (on the loop): answered by a task, through
+        ``send`` (frames to that connection)."""
         if self._stopped:
             return
         if len(self._serving) >= _MAX_SERVING:
-            self._error(identity, "the frontend is serving many artifacts; ask again later")
+            _error(send, identity, "the frontend is serving many artifacts; ask again later")
             return
-        task = asyncio.create_task(self._serve(identity, req), name="clipper-artifact")
+        task = asyncio.create_task(self._serve(identity, req, send), name="clipper-artifact")
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 
@@ -145,29 +149,26 @@ class ArtifactServer:
                 if packed.kind == "tar":
                     packed.path.unlink(missing_ok=True)
 
-    def _error(self, identity: bytes, message: str) -> None:
-        self._send(identity, wire.encode_artifact_chunk({"error": message}, b""))
-
-    async def _serve(self, identity: bytes, req: wire.ArtifactRequest) -> None:
+    async def _serve(self, identity: bytes, req: wire.ArtifactRequest, send: SendTo) -> None:
         source = self._artifact_of(req.name, req.version)
         if source is None:
-            self._error(identity, f"model {req.name}:{req.version} has no artifact here")
+            _error(send, identity, f"model {req.name}:{req.version} has no artifact here")
             return
         try:
             packed = await self._packed(req.name, req.version, source)
             if req.offset > packed.size:
-                self._error(identity, f"offset {req.offset} is past the end ({packed.size} bytes)")
+                _error(send, identity, f"offset {req.offset} is past the end ({packed.size} bytes)")
                 return
             data = b""
             if req.max_bytes:
                 data = await asyncio.to_thread(_read, packed.path, req.offset, req.max_bytes)
         except OSError as e:
             log.warning("artifact of %s:%s cannot be read: %s", req.name, req.version, e)
-            self._error(identity, f"the artifact of {req.name}:{req.version} cannot be read: {e}")
+            _error(send, identity, f"the artifact of {req.name}:{req.version} cannot be read: {e}")
             return
         if req.offset == 0 and data and self._on_fetch is not None:
             self._on_fetch(req.name, req.version)
-        self._send(identity, wire.encode_artifact_chunk(packed.meta(req.offset), data))
+        send(identity, wire.encode_artifact_chunk(packed.meta(req.offset), data))
 
     async def _packed(self, name: str, version: str, source: str) -> PackedArtifact:
         key = (name, version, source)

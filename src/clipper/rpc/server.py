@@ -20,42 +20,56 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Generic, Protocol, TypeVar, cast
 
 import zmq
 
-from clipper.batching.queue import Task
-from clipper.batching.scheduler import Replica
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import WireError
 from clipper.inputs import InputType
-from clipper.registry import embed_output
 from clipper.rpc import wire
 from clipper.rpc.auth import RpcGuard, ensure_keys
+from clipper.rpc.link import Connection
+from clipper.rpc.wire import embed_output
 
-__all__ = ["RpcServer"]
+__all__ = ["ArtifactHandler", "Registrar", "Remover", "ResponseSink", "RpcServer", "SendTo"]
 
 log = logging.getLogger("clipper.rpc")
 
-# Called with the decoded metadata and the identity; returns the registered replica, or None
+P = TypeVar("P")
+
+# Called with the decoded metadata and the identity; returns the registered connection, or None
 # when no such model version is known (the container is asked for metadata again later).
-Registrar = Callable[[wire.NewContainer, bytes], Replica | None]
-Remover = Callable[[Replica], None]
-# Serves an artifact request (identity, request); its answer goes out through send_to.
-ArtifactHandler = Callable[[bytes, wire.ArtifactRequest], None]
+Registrar = Callable[[wire.NewContainer, bytes], Connection[P] | None]
+Remover = Callable[[Connection[P]], None]
+# Frames to one connection (RpcServer.send_to).
+SendTo = Callable[[bytes, list[bytes]], None]
+# Serves an artifact request (identity, request); its answer goes out through the SendTo given.
+ArtifactHandler = Callable[[bytes, wire.ArtifactRequest, SendTo], None]
 
 
-class ResponseSink(Protocol):
-    """Where answered batches go (the runtime routes them to the replica's scheduler)."""
+class ResponseSink(Protocol[P]):
+    """What the serving side does with a connection's traffic (the runtime routes it to the
+    replica's scheduler)."""
 
     def deliver(
         self,
-        replica: Replica,
+        link: Connection[P],
         msg_id: int,
         outputs: list[object] | None,
         error: str | None,
         nbytes: int,
-    ) -> None: ...
+    ) -> None:
+        """An answered batch."""
+        ...
+
+    def leaving(self, link: Connection[P]) -> int:
+        """The container said goodbye: send it no new batch. Returns its batches in flight."""
+        ...
+
+    def in_flight(self, link: Connection[P]) -> int:
+        """Its batches not answered yet (a leaving connection is removed at 0)."""
+        ...
 
 
 _DRAIN_BATCH = 256
@@ -71,21 +85,25 @@ _HANDSHAKE_S = 10.0
 _V3_ERROR_KEY = "__clipper_error__"
 
 
-class RpcServer:
+class RpcServer(Generic[P]):
+    """The ROUTER socket and the connections registered on it (``P``: what the serving side
+    keeps per connection, in :attr:`Connection.peer`)."""
+
     def __init__(
         self,
         *,
         host: str,
         port: int,
         clock: Clock,
-        registrar: Registrar,
-        on_removed: Remover,
-        sink: ResponseSink,
-        input_type_of: Callable[[Replica], InputType],
+        registrar: Registrar[P],
+        on_removed: Remover[P],
+        sink: ResponseSink[P],
+        artifacts: ArtifactHandler | None = None,
         keys_dir: Path | None = None,
         on_refused: Callable[[str], None] | None = None,
     ) -> None:
-        """``keys_dir``: authenticate containers with the CURVE keys there (made on the first
+        """``artifacts``: who answers artifact requests (None: each is refused).
+        ``keys_dir``: authenticate containers with the CURVE keys there (made on the first
         start); None accepts any container. ``on_refused(reason)`` counts a refused
         connection; it is called on the authentication thread, not the loop."""
         self.host = host
@@ -94,10 +112,9 @@ class RpcServer:
         self._registrar = registrar
         self._on_removed = on_removed
         self._sink = sink
-        self._input_type_of = input_type_of
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
-        self._replicas: dict[bytes, Replica] = {}
+        self._replicas: dict[bytes, Connection[P]] = {}
         self._msg_id = 0
         self._drain_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -110,14 +127,13 @@ class RpcServer:
         self.guard: RpcGuard | None = None
         # Replicas that said goodbye: removed once their last batch is answered.
         self._leaving: set[bytes] = set()
-        # Set by the composition root: who answers artifact requests (none: each is refused).
-        self.artifacts: ArtifactHandler | None = None
+        self._artifacts = artifacts
 
     @property
     def address(self) -> str:
         return f"tcp://{self.host}:{self.port}"
 
-    def replicas(self) -> list[Replica]:
+    def replicas(self) -> list[Connection[P]]:
         return list(self._replicas.values())
 
     async def start(self) -> None:
@@ -172,28 +188,29 @@ class RpcServer:
             self._ctx = None
 
     # outbound
-    def send_batch(self, replica: Replica, tasks: list[Task]) -> int:
+    def send_batch(self, link: Connection[P], itype: InputType, payloads: list[bytes]) -> int:
+        """One batch of inputs of type ``itype``; returns its message id."""
         sock = self._sock
         if sock is None:
             raise WireError("the RPC server is stopped")
         msg_id = self._msg_id
         self._msg_id = (msg_id + 1) & 0xFFFFFFFF
-        payloads = [t.payload for t in tasks]
-        itype = self._input_type_of(replica)
-        if replica.fast:
+        if link.fast:
             frames = wire.encode_predict_fast(msg_id, itype, payloads)
         else:
             frames = wire.encode_predict_v3(msg_id, itype.code, payloads)
-        self._send([replica.identity, *frames])
+        self._send([link.identity, *frames])
         return msg_id
 
-    def send_update(self, replica: Replica, payload: bytes, label: object) -> None:
+    def send_update(
+        self, link: Connection[P], itype: InputType, payload: bytes, label: object
+    ) -> None:
         """Feedback for a model that learns online (fast-framing replicas only); its answer,
         an empty acknowledgement or the model's error, is not waited for."""
         msg_id = self._msg_id
         self._msg_id = (msg_id + 1) & 0xFFFFFFFF
-        frames = wire.encode_update_fast(msg_id, self._input_type_of(replica), [payload], [label])
-        self._send([replica.identity, *frames])
+        frames = wire.encode_update_fast(msg_id, itype, [payload], [label])
+        self._send([link.identity, *frames])
 
     def send_to(self, identity: bytes, frames: list[bytes]) -> None:
         """Frames to one connection (an artifact chunk); dropped when the socket is stopped or
@@ -264,7 +281,7 @@ class RpcServer:
             self._sink.deliver(
                 replica, msg.msg_id, outputs, error, sum(map(len, frames)) - len(identity)
             )
-            if identity in self._leaving and not replica.in_flight:
+            if identity in self._leaving and not self._sink.in_flight(replica):
                 self.remove(replica)
         elif isinstance(msg, wire.Heartbeat):
             hb = (
@@ -276,11 +293,11 @@ class RpcServer:
         elif isinstance(msg, wire.Goodbye):
             self._goodbye(identity, replica)
         elif isinstance(msg, wire.ArtifactRequest):
-            if self.artifacts is None:
+            if self._artifacts is None:
                 self._send([identity, *wire.encode_artifact_chunk(
                     {"error": "this frontend serves no artifacts"}, b"")])  # fmt: skip
             else:
-                self.artifacts(identity, msg)
+                self._artifacts(identity, msg, self.send_to)
         elif isinstance(msg, wire.NewContainer):
             if replica is not None or identity in self._leaving:
                 return
@@ -304,20 +321,19 @@ class RpcServer:
                     "fast" if new.fast else "v3",
                 )
 
-    def _goodbye(self, identity: bytes, replica: Replica | None) -> None:
+    def _goodbye(self, identity: bytes, replica: Connection[P] | None) -> None:
         """A container is leaving (it was sent SIGTERM): no more batches for it, and it is
         removed as soon as those in flight are answered (a drain, so its answers stand)."""
         self._send([identity, *wire.encode_heartbeat_reply(wire.HeartbeatType.GOODBYE_ACK)])
         if replica is None:
             return  # already drained and removed by its manager
-        log.info("replica %s is leaving: draining %d batches", replica.replica_id,
-                 len(replica.in_flight))  # fmt: skip
-        replica.draining = True
+        in_flight = self._sink.leaving(replica)
+        log.info("replica %s is leaving: draining %d batches", replica.replica_id, in_flight)
         self._leaving.add(identity)
-        if not replica.in_flight:
+        if not in_flight:
             self.remove(replica)
 
-    def remove(self, replica: Replica) -> None:
+    def remove(self, replica: Connection[P]) -> None:
         self._leaving.discard(replica.identity)
         if self._replicas.pop(replica.identity, None) is not None:
             self._on_removed(replica)
@@ -326,7 +342,7 @@ class RpcServer:
         self._check_due = self.clock.now() + _LIVENESS_PERIOD_S
         self._liveness = self.clock.call_later(_LIVENESS_PERIOD_S, self._check_liveness)
 
-    def _silence(self, replica: Replica, now: float) -> float:
+    def _silence(self, replica: Connection[P], now: float) -> float:
         """Seconds the replica has been silent, less the time our loop was held meanwhile
         (its messages could not have been read then)."""
         silent = now - replica.last_seen

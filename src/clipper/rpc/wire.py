@@ -74,6 +74,7 @@ __all__ = [
     "RequestType",
     "decode_container_message",
     "decode_frontend_message",
+    "embed_output",
     "encode_artifact_chunk",
     "encode_artifact_request",
     "encode_goodbye",
@@ -503,6 +504,14 @@ def encode_predict_response_v3(msg_id: bytes, outputs: Sequence[bytes | str]) ->
     n = len(outs)
     header = struct.pack(f"<{n + 1}Q", n, *map(len, outs))
     return [_EMPTY, _P_CONTENT, msg_id, _U64.pack(8 * (n + 1)), header, *outs]
+
+
+def embed_output(text: str) -> Any:
+    """The original's rule: an output string that parses as JSON is embedded as JSON."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
 
 
 def json_default(obj: Any) -> Any:

@@ -1,8 +1,9 @@
-"""Which connected container is which replica: the RPC endpoint's registrar.
+"""Which connected container is which replica: the RPC endpoint's registrar and response sink.
 
-A container that dials in names its model version; it becomes a :class:`Replica` of that
-version's scheduler. Containers started by a manager also present their replica token, so the
-manager's view of a process (pid, exit) and the scheduler's view of a connection meet here.
+A container that dials in names its model version; its RPC :class:`Connection` becomes a
+:class:`Replica` of that version's scheduler. Containers started by a manager also present their
+replica token, so the manager's view of a process (pid, exit) and the scheduler's view of a
+connection meet here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from clipper.batching.scheduler import Replica
 from clipper.clock import Clock, wait_event
 from clipper.rpc import wire
+from clipper.rpc.link import Connection
 from clipper.runtime.catalog import Catalog
 
 __all__ = ["ReplicaDirectory"]
@@ -32,17 +34,20 @@ class ReplicaDirectory:
         clock: Clock,
         replica_timeout_s: float,
         v3_replica_timeout_s: float,
+        disconnect: Callable[[Connection[Replica]], None],
     ) -> None:
+        """``disconnect(link)``: drops a connection from the RPC endpoint, which then calls
+        :meth:`removed` (the endpoint is built with this directory, so this is a callback into
+        it, not the endpoint itself)."""
         self.catalog = catalog
         self.clock = clock
         self.replica_timeout_s = replica_timeout_s
         self.v3_replica_timeout_s = v3_replica_timeout_s
-        # Set by the composition root once the RPC server exists (it needs us first).
-        self.remove: Callable[[Replica], None] = lambda replica: None
+        self._disconnect = disconnect
         self._ids: dict[tuple[str, str], itertools.count[int]] = {}
         self._by_token: dict[str, Replica] = {}
 
-    def register(self, meta: wire.NewContainer, identity: bytes) -> Replica | None:
+    def register(self, meta: wire.NewContainer, identity: bytes) -> Connection[Replica] | None:
         sched = self.catalog.scheduler(meta.name, meta.version)
         if sched is None:
             log.debug(
@@ -61,42 +66,57 @@ class ReplicaDirectory:
             return None
         ids = self._ids.setdefault(sched.mv.key, itertools.count())
         fast = meta.fast
-        replica = Replica(
+        link: Connection[Replica] = Connection(
             identity,
             next(ids),
             fast,
             self.replica_timeout_s if fast else self.v3_replica_timeout_s,
             self.clock.now(),
+            token=meta.token,
         )
+        replica = Replica(link)
         if meta.token:
-            replica.address = meta.token
             self._by_token[meta.token] = replica
         sched.add_replica(replica)
-        return replica
+        return link
 
     def deliver(
         self,
-        replica: Replica,
+        link: Connection[Replica],
         msg_id: int,
         outputs: list[object] | None,
         error: str | None,
         nbytes: int,
     ) -> None:
         """An answered batch (the RPC endpoint's response sink)."""
-        if replica.scheduler is not None:  # else: removed while its batch was out
+        replica = link.peer
+        if replica is not None and replica.scheduler is not None:  # else: removed meanwhile
             replica.scheduler.on_response(replica, msg_id, outputs, error, nbytes)
 
-    def removed(self, replica: Replica) -> None:
-        if replica.address:
-            self._by_token.pop(replica.address, None)
-        if replica.scheduler is not None:
+    def leaving(self, link: Connection[Replica]) -> int:
+        """The container said goodbye: it gets no new batch; returns its batches in flight."""
+        replica = link.peer
+        if replica is None:
+            return 0
+        replica.draining = True
+        return len(replica.in_flight)
+
+    def in_flight(self, link: Connection[Replica]) -> int:
+        replica = link.peer
+        return len(replica.in_flight) if replica is not None else 0
+
+    def removed(self, link: Connection[Replica]) -> None:
+        if link.token:
+            self._by_token.pop(link.token, None)
+        replica = link.peer
+        if replica is not None and replica.scheduler is not None:
             replica.scheduler.remove_replica(replica)
 
     def process_exited(self, token: str) -> None:
         # The manager saw the process die: no need to wait for the heartbeat timeout.
         replica = self._by_token.get(token)
         if replica is not None:
-            self.remove(replica)
+            self._disconnect(replica.link)
 
     async def drain(self, token: str) -> None:
         """Before a replica is stopped on purpose: send it no more batches and let those in
@@ -108,4 +128,4 @@ class ReplicaDirectory:
         if replica.in_flight:
             replica.drained = asyncio.Event()
             await wait_event(self.clock, replica.drained, _DRAIN_TIMEOUT_S)
-        self.remove(replica)
+        self._disconnect(replica.link)

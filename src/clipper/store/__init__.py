@@ -17,9 +17,9 @@ from clipper.store.base import (
     StoreError,
     StoreEvent,
     Watcher,
-    open_store,
 )
 from clipper.store.memory import MemoryStore
+from clipper.store.open import open_store
 from clipper.store.sqlite import SqliteStore
 
 __all__ = [

@@ -24,7 +24,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from clipper.clock import Clock
 from clipper.errors import ClipperError, ConfigError
 
 __all__ = [
@@ -40,11 +39,13 @@ __all__ = [
     "StoreError",
     "StoreEvent",
     "Watcher",
+    "bad_url",
     "decode_value",
     "empty_snapshot",
     "encode_value",
-    "open_store",
     "redact_url",
+    "split_redis_url",
+    "sqlite_path",
 ]
 
 Kind = Literal["app", "model", "current", "links", "intent", "rollout", "state"]
@@ -207,7 +208,8 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-def _bad_url(problem: str) -> ConfigError:
+def bad_url(problem: str) -> ConfigError:
+    """A store URL is not accepted: ``problem``, and the forms that are."""
     return ConfigError(f"{problem}; accepted forms: {ACCEPTED_URLS}")
 
 
@@ -219,7 +221,7 @@ def sqlite_path(rest: str) -> str:
     directory and the file is ``<dir>/clipper.db``.
     """
     if not rest:
-        raise _bad_url("sqlite store URL has no path")
+        raise bad_url("sqlite store URL has no path")
     path = os.path.expanduser(rest)
     if os.path.isdir(path) or path.endswith(("/", os.sep)):
         return os.path.join(path, SQLITE_FILENAME)
@@ -232,62 +234,20 @@ def split_redis_url(url: str) -> tuple[str, str]:
     """(URL for redis-py, key prefix): our ``prefix`` query option is not redis-py's to see."""
     parts = urlsplit(url)
     if not parts.hostname:
-        raise _bad_url(f"redis store URL {redact_url(url)!r} has no host")
+        raise bad_url(f"redis store URL {redact_url(url)!r} has no host")
     try:
         _ = parts.port  # raises ValueError for a non-numeric or out-of-range port
     except ValueError:
-        raise _bad_url(f"redis store URL {redact_url(url)!r} has a bad port") from None
+        raise bad_url(f"redis store URL {redact_url(url)!r} has a bad port") from None
     db = parts.path.strip("/")
     if db and not db.isdigit():
-        raise _bad_url(
+        raise bad_url(
             f"redis store URL {redact_url(url)!r}: the path must be a database number, got {db!r}"
         )
     query = parse_qsl(parts.query, keep_blank_values=True)
     prefixes = [value for name, value in query if name == "prefix"]
     prefix = prefixes[-1] if prefixes else "clipper"
     if not prefix:
-        raise _bad_url(f"redis store URL {redact_url(url)!r}: prefix must not be empty")
+        raise bad_url(f"redis store URL {redact_url(url)!r}: prefix must not be empty")
     rest = urlencode([(name, value) for name, value in query if name != "prefix"])
     return urlunsplit(parts._replace(query=rest)), prefix
-
-
-def open_store(url: str, *, clock: Clock | None = None) -> Store:
-    """The store named by ``url`` (not yet opened: ``await store.open()``); a backend with
-    timers (redis: its revision poller, its reconnect back-off) waits on ``clock``.
-
-    Accepted (the STORES table in ``clipper.choices``): ``memory://``;
-    ``sqlite:///path/to/clipper.db`` or ``sqlite:///state-dir``; ``redis://host:port/db`` or
-    ``rediss://...`` (TLS), with ``?prefix=name`` to share one redis between deployments
-    (default prefix ``clipper``). Anything else is a :class:`ConfigError`.
-    """
-    from clipper.choices import STORES
-
-    if not isinstance(url, str):
-        raise _bad_url(f"store URL must be a string, got {type(url).__name__}")
-    scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if scheme not in STORES:
-        raise _bad_url(f"unknown store URL {redact_url(url)!r}")
-    build: Callable[[str, Clock | None], Store] = STORES.load(scheme)
-    return build(url, clock)
-
-
-# Backends are imported inside their builders because they import this module.
-def _open_memory(url: str, clock: Clock | None) -> Store:
-    if url.partition("://")[2]:
-        raise _bad_url(f"memory store URL takes nothing after 'memory://', got {url!r}")
-    from clipper.store.memory import MemoryStore
-
-    return MemoryStore()
-
-
-def _open_sqlite(url: str, clock: Clock | None) -> Store:
-    from clipper.store.sqlite import SqliteStore
-
-    return SqliteStore(sqlite_path(url.partition("://")[2]))
-
-
-def _open_redis(url: str, clock: Clock | None) -> Store:
-    from clipper.store.redis import RedisStore
-
-    redis_url, prefix = split_redis_url(url)
-    return RedisStore(redis_url, prefix=prefix, clock=clock)
