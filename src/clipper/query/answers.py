@@ -20,7 +20,7 @@ __all__ = ["Answers"]
 
 
 class Answers:
-    __slots__ = ("_app_metrics", "_ids", "clock", "loop_lag", "metrics")
+    __slots__ = ("_app_metrics", "clock", "ids", "loop_lag", "metrics")
 
     def __init__(
         self, metrics: Metrics, clock: Clock, loop_lag: LoopLagMonitor | None = None
@@ -28,12 +28,13 @@ class Answers:
         self.metrics = metrics
         self.clock = clock
         self.loop_lag = loop_lag  # None: no socket-wait estimate (tests, embedders)
-        self._ids = itertools.count()
+        # Query ids, given out in answer order, one per input (``next(ids)``).
+        self.ids = itertools.count()
         self._app_metrics: dict[str, tuple[Any, Any]] = {}
 
     def next_id(self) -> int:
         """The next query id: given out in answer order, one per input."""
-        return next(self._ids)
+        return next(self.ids)
 
     def socket_wait_s(self) -> float:
         """About how long a request waited in its socket before the loop read its first byte

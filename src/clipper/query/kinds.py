@@ -52,10 +52,13 @@ class Runner(Protocol):
 class RunnerTable:
     """Kind → runner. A kind without a runner of its own is answered as a single model."""
 
-    __slots__ = ("_catalog", "_pipeline", "_selection", "_single", "_split", "runners")
+    __slots__ = ("_catalog", "_links", "_pipeline", "_rollouts", "_selection", "_single",
+                 "_split", "runners")  # fmt: skip
 
     def __init__(self, catalog: Catalog, runners: Mapping[AppKind, Runner]) -> None:
         self._catalog = catalog
+        self._links = catalog.links
+        self._rollouts = catalog.rollouts
         self.runners = dict(runners)
         self._single = runners[AppKind.SINGLE]
         self._split = runners.get(AppKind.SPLIT, self._single)
@@ -75,12 +78,12 @@ class RunnerTable:
 
     def pick(self, app: Application, version: str | None) -> Runner:
         """The runner for a query of ``app`` (pinned to ``version``, or not)."""
-        # Inlined kind(): this runs once per query.
+        # kind(), inlined: this runs once per query.
         if app.stages is not None and self._pipeline is not None:
             return self._pipeline
-        linked = self._catalog.linked(app.name)
-        if app.policy != "single" and linked:
+        linked = self._links.get(app.name)
+        if linked and app.policy != "single":
             return self._selection
-        if version is None and linked and self._catalog.rollout(linked[0]) is not None:
+        if version is None and linked and linked[0] in self._rollouts:
             return self._split
         return self._single

@@ -202,7 +202,8 @@ class SingleRunner:
         t0: float,
         budget_s: float,
     ) -> None:
-        linked = self.catalog.linked(app.name)
+        catalog = self.catalog
+        linked = catalog.links.get(app.name)
         model = linked[0] if linked else ""
         q = _Query(self, app, len(payloads), reply=reply, t0=t0, model=model)
         if not linked:
@@ -215,15 +216,15 @@ class SingleRunner:
                     # The V2 protocols' answers name the version: the one the split chose.
                     setattr(reply, "version", version)  # noqa: B010 (not every Reply has it)
             else:
-                version = self.catalog.current(model)
+                version = catalog.currents.get(model)
             if version is None:
                 q.all_default(DefaultReason.NO_MODEL, NO_MODELS)
                 return
-        elif not self.catalog.has_version(model, version):
+        elif not catalog.has_version(model, version):
             raise QueryProcessingError(
                 f"Requested version: {version} does not exist for model: {model}"
             )
-        sched = self.catalog.scheduler(model, version)
+        sched = catalog.by_key.get((model, version))
         if sched is None or not sched.replicas:
             q.all_default(*self._unavailable(model, version, sched))
             return
@@ -311,14 +312,15 @@ class SingleRunner:
         answers = self.answers
         app_name = q.app.name
         answers.answered(app_name, q.t0)
+        ids = answers.ids
         out: list[Prediction] = []
         for i in range(q.n):
             reason = q.defaults[i]
             if reason is None:
-                out.append(Prediction(answers.next_id(), q.outputs[i]))
+                out.append(Prediction(next(ids), q.outputs[i]))
             else:
                 answers.defaulted(app_name, reason)
-                out.append(Prediction(answers.next_id(), q.outputs[i], reason, q.explanations[i]))
+                out.append(Prediction(next(ids), q.outputs[i], reason, q.explanations[i]))
         return out
 
     def forget_app(self, app: str) -> None:

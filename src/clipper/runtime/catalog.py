@@ -12,7 +12,7 @@ readiness rule are written once. ``GET /ready``, ``/v2/health/ready`` and gRPC's
 
 from __future__ import annotations
 
-from collections.abc import Callable, ItemsView, ValuesView
+from collections.abc import Callable, ItemsView, Mapping, ValuesView
 
 from clipper.batching.scheduler import ModelScheduler
 from clipper.registry import Application, ModelVersion, Registry
@@ -78,15 +78,22 @@ class SchedulerTable:
 class Catalog:
     """Read-only answers about what is served; nothing here changes state."""
 
-    __slots__ = ("_current", "_models", "_schedulers", "_table", "registry")
+    __slots__ = ("_current", "_models", "_schedulers", "_table", "by_key", "currents", "links",
+                 "registry", "rollouts")  # fmt: skip
 
     def __init__(self, registry: Registry, table: SchedulerTable) -> None:
         self.registry = registry
         self._table = table
-        # The hot path's lookups, bound once (the registry mutates these dicts in place).
         self._schedulers = table._by_key
         self._current = registry.current
         self._models = registry.models
+        # Read-only views for the query path, which looks them up once per request with a
+        # plain ``.get`` (a method call here costs as much again). They stay valid: the
+        # registry and the table change these dicts in place and never replace them.
+        self.links: Mapping[str, list[str]] = registry.links
+        self.currents: Mapping[str, str] = registry.current
+        self.rollouts: Mapping[str, Rollout] = registry.rollouts
+        self.by_key: Mapping[Key, ModelScheduler] = table._by_key
 
     # -- applications ----------------------------------------------------------------------
     def app(self, name: str) -> Application | None:
