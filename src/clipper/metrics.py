@@ -66,11 +66,18 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
-        # How late the event loop runs (its 5 ms probe timer's lateness, decaying): above a
-        # couple of milliseconds, queries that cannot meet their deadline are shed at once.
+        # How late the event loop runs (its 5 ms probe timer's lateness, decaying), and the
+        # part of that the loop spent on its own work: above a couple of milliseconds of
+        # backlog, queries that cannot meet their deadline are shed at once.
         self.loop_lag = Gauge(
             "clipper_event_loop_lag_seconds",
             "How late the frontend's event loop runs (a periodic timer's lateness, decaying)",
+            registry=r,
+        )
+        self.loop_backlog = Gauge(
+            "clipper_event_loop_backlog_seconds",
+            "The part of the event loop's lateness spent on its own work (time the process "
+            "was descheduled excluded), decaying: what load shedding prices",
             registry=r,
         )
         self.queue_depth = Gauge(

@@ -110,6 +110,7 @@ class Clipper:
         self.loop_lag = LoopLagMonitor(self.clock)
         monitor = self.loop_lag
         self.metrics.loop_lag.set_function(lambda: monitor.lag_s)
+        self.metrics.loop_backlog.set_function(lambda: monitor.backlog_s)
         self.query = build_query_runtime(
             self.catalog, self.cache, clock=self.clock, metrics=self.metrics,
             max_items=config.max_items_per_request, loop_lag=self.loop_lag,

@@ -32,7 +32,7 @@ class StalledClock(FakeClock):
 
 def test_the_monitor_measures_how_late_its_timer_fires() -> None:
     clock = StalledClock(stall=0.0)
-    mon = LoopLagMonitor(clock, interval_s=0.005, decay=0.5)
+    mon = LoopLagMonitor(clock, interval_s=0.005, decay=0.5, cpu_time=clock.now)
     mon.start()
     clock.advance(0.05)
     assert mon.samples == 10
@@ -48,9 +48,45 @@ def test_the_monitor_measures_how_late_its_timer_fires() -> None:
     assert clock.pending() == 0
 
 
+def test_a_late_timer_is_a_backlog_only_for_the_cpu_the_loop_spent() -> None:
+    """Descheduled (another program had the core) the timer fires late, but the loop spent
+    no CPU: no backlog, nothing to shed for. Busy with its own work it spent the CPU: the
+    lateness is a backlog."""
+    clock = StalledClock(stall=0.0)
+    cpu = [0.0]  # the loop thread's CPU clock, advanced by hand
+    mon = LoopLagMonitor(clock, interval_s=0.005, decay=0.5, cpu_time=lambda: cpu[0])
+    mon.start()
+    clock.stall = 0.012  # every timer 12 ms late, and the thread ran 1 ms of each interval
+    for _ in range(4):
+        cpu[0] += 0.001
+        clock.advance(0.017)
+    assert mon.lag_s == pytest.approx(0.012)
+    assert mon.backlog_s == pytest.approx(0.001)  # under LAG_FLOOR_S: no shed
+    for _ in range(4):  # now the loop ran the whole interval: its own work made it late
+        cpu[0] += 0.017
+        clock.advance(0.017)
+    assert mon.backlog_s == pytest.approx(0.012)
+    mon.stop()
+    assert mon.backlog_s == 0.0
+
+
+def test_a_descheduled_loop_sheds_nothing(frontends: list[Frontend]) -> None:  # noqa: F811
+    f = Frontend(single_app(), ["m"])
+    frontends.append(f)
+    mon = LoopLagMonitor(f.clock)
+    mon.lag_s, mon.backlog_s = 0.019, 0.0  # very late, none of it the loop's own work
+    f.lag(mon)
+    answers = Answers(f.clock)
+    f.predict("app", BODY, answers)
+    assert len(f.transport.sent) == 1  # queued, not shed
+    f.answer("m", [3.0])
+    _, doc = answers.one()
+    assert doc["default"] is False
+
+
 def lagging(f: Frontend, lag_s: float) -> LoopLagMonitor:
     mon = LoopLagMonitor(f.clock)
-    mon.lag_s = lag_s  # as if measured: the processor only reads it
+    mon.lag_s = mon.backlog_s = lag_s  # as if measured, all of it the loop's own work
     f.lag(mon)
     return mon
 
@@ -80,7 +116,10 @@ def test_a_loop_too_far_behind_sheds_at_once_with_the_reason(
     assert at == f.clock.now()  # answered now, not at the deadline
     assert f.transport.sent == []  # and never queued
     assert doc["default"] is True
-    assert "frontend is behind (event loop 19.0 ms late" in doc["default_explanation"]
+    assert (
+        "frontend is behind (event loop 19.0 ms behind on its own work"
+        in (doc["default_explanation"])
+    )
     assert f.clock.pending() == 0
 
 

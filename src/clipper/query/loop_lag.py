@@ -7,11 +7,24 @@ own code. The HTTP server reports each turn that read requests (:meth:`LoopLagMo
 from which the latency histogram estimates the socket wait. A timer due every ``interval_s``
 that fires ``x`` seconds late says a loop turn takes about ``x``. The estimate rises at once
 (a stall is news now) and decays by ``decay`` per later sample (one short turn does not mean
-the backlog is gone). Its owner starts and stops it; the query processor reads :attr:`lag_s`
-to shed queries that cannot make it.
+the backlog is gone). Its owner starts and stops it.
+
+A late timer has two causes, and only one is a backlog. The loop may have been busy with its
+own work (requests read, answers written): every query behind that work waits for it, so
+admission prices it (:attr:`backlog_s`). Or the process was not running at all — another
+program had the core, the kernel descheduled it for a time slice: that delay is over by the
+time the timer fires, and a query arriving now is not behind it. The monitor tells them apart
+by the loop thread's CPU time over the interval (``cpu_time``, the thread's clock): of the
+lateness, at most the CPU the loop spent counts as its own work. :attr:`lag_s` is the plain
+lateness (the ``clipper_event_loop_lag_seconds`` gauge); the runners shed on
+:attr:`backlog_s` alone, so a machine shared with other programs is not mistaken for
+overload.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from clipper.clock import Clock, TimerHandle
 
@@ -20,24 +33,38 @@ __all__ = ["LoopLagMonitor"]
 
 class LoopLagMonitor:
     __slots__ = (
+        "_armed_cpu",
         "_clock",
+        "_cpu",
         "_decay",
         "_due",
         "_timer",
         "_turn_ended",
+        "backlog_s",
         "interval_s",
         "lag_s",
         "samples",
         "turn_s",
     )
 
-    def __init__(self, clock: Clock, *, interval_s: float = 0.005, decay: float = 0.5) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        interval_s: float = 0.005,
+        decay: float = 0.5,
+        cpu_time: Callable[[], float] = time.thread_time,
+    ) -> None:
         self._clock = clock
         self.interval_s = interval_s
         self._decay = decay
+        # The loop thread's CPU clock (not wall time): what it spent, not what passed.
+        self._cpu = cpu_time
+        self._armed_cpu = 0.0
         self._timer: TimerHandle | None = None
         self._due = 0.0
-        self.lag_s = 0.0
+        self.lag_s = 0.0  # how late the timer fires, whatever the cause
+        self.backlog_s = 0.0  # the part of it the loop spent on its own work
         self.samples = 0
         # How long the loop's turns that read requests keep it busy (EWMA), from the HTTP
         # server's turn boundaries (:meth:`turn`).
@@ -57,6 +84,7 @@ class LoopLagMonitor:
             self._timer.cancel()
             self._timer = None
         self.lag_s = 0.0
+        self.backlog_s = 0.0
         self.turn_s = 0.0
 
     def turn(self, began_at: float, ended_at: float) -> None:
@@ -84,11 +112,19 @@ class LoopLagMonitor:
 
     def _arm(self) -> None:
         self._due = self._clock.now() + self.interval_s
+        self._armed_cpu = self._cpu()
         self._timer = self._clock.call_later(self.interval_s, self._tick)
 
     def _tick(self) -> None:
         late = max(self._clock.now() - self._due, 0.0)
+        # The loop cannot have worked longer than it ran: the rest of the lateness was time
+        # the process did not have the CPU.
+        own = min(late, max(self._cpu() - self._armed_cpu, 0.0))
         self.samples += 1
-        lag = self.lag_s
-        self.lag_s = late if late >= lag else late + self._decay * (lag - late)
+        self.lag_s = self._smooth(self.lag_s, late)
+        self.backlog_s = self._smooth(self.backlog_s, own)
         self._arm()
+
+    def _smooth(self, previous: float, sample: float) -> float:
+        """Up at once (a stall is news now), down by ``decay`` per later sample."""
+        return sample if sample >= previous else sample + self._decay * (previous - sample)

@@ -270,9 +270,11 @@ class SingleRunner:
 
     def _behind(self, t0: float, due: float, sched: ModelScheduler) -> str | None:
         """Why a query due by ``due`` cannot make it when the frontend itself is behind
-        (loop lag above noise, or the request arrived late into its budget); None to queue.
+        (a backlog of the loop's own work above noise, or the request arrived late into its
+        budget); None to queue. Time the process was descheduled is no backlog
+        (:attr:`LoopLagMonitor.backlog_s`): it is over when the query arrives.
 
-        Its answer needs at least the loop's lag to be written, and the wait that admission
+        Its answer needs at least the loop's backlog to be written, and the wait that admission
         prices for the model's queue (the work queued ahead at the replicas' throughput and
         what is left of the batches running); when that ends past ``due`` it is shed now,
         cheaply, instead. The batch latencies behind that wait are round trips measured on
@@ -282,7 +284,7 @@ class SingleRunner:
         queued prices at the lag alone: the query goes into the next batch."""
         now = self.clock.now()
         mon = self.loop_lag
-        lag = mon.lag_s if mon is not None else 0.0
+        lag = mon.backlog_s if mon is not None else 0.0
         if lag < LAG_FLOOR_S:
             lag = 0.0
             if now - t0 < LATE_ARRIVAL_SHARE * (due - t0):
@@ -293,8 +295,9 @@ class SingleRunner:
         if finish <= due:
             return None
         return (
-            f"the frontend is behind (event loop {lag * 1e3:.1f} ms late, the request "
-            f"{(now - t0) * 1e3:.1f} ms old): its answer could not come within the latency SLO"
+            f"the frontend is behind (event loop {lag * 1e3:.1f} ms behind on its own work, the "
+            f"request {(now - t0) * 1e3:.1f} ms old): its answer could not come within the "
+            "latency SLO"
         )
 
     def enqueue(self, q: _Query, i: int) -> bool:
