@@ -65,6 +65,21 @@ class PacedModel:
         return [0] * len(batch)
 
 
+class SpinModel:
+    """Spends ``per_batch_s + per_input_s * len(batch)`` of CPU (a busy loop) and returns ``0``
+    per input: a CPU-bound model of known cost, which competes for the core it runs on."""
+
+    def __init__(self, per_batch_s: float, per_input_s: float) -> None:
+        self.per_batch_s = per_batch_s
+        self.per_input_s = per_input_s
+
+    def predict(self, batch: Any) -> list[int]:
+        end = time.perf_counter() + self.per_batch_s + self.per_input_s * len(batch)
+        while time.perf_counter() < end:
+            pass
+        return [0] * len(batch)
+
+
 def train_logreg() -> SklearnModel:
     """LogisticRegression(max_iter=1000) fitted on the digits data set."""
     from sklearn.datasets import load_digits

@@ -4,7 +4,9 @@
         --model logreg --controller aimd --max-wait-ms 2 --slo-ms 20
 
 * ``--model noop``: :class:`models.NoopModel` (send 784 doubles);
-  ``--model logreg``: LogisticRegression on the digits data set (send 64 doubles).
+  ``--model logreg``: LogisticRegression on the digits data set (send 64 doubles);
+  ``--model spin``: :class:`models.SpinModel`, 1 ms of CPU per batch + 50 us per input.
+* ``--cpus 0``: pin the frontend and its model containers to these CPUs.
 * ``--controller aimd|quantile|fixed|unbatched``: the batching controller; ``unbatched`` is
   ``fixed`` with ``max_batch_size=1``; ``fixed`` uses ``--max-batch-size`` (default 32).
 
@@ -15,7 +17,9 @@ once the model replicas are connected; stops on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,8 @@ def _make_model(name: str) -> Any:
         return models.NoopModel()
     if name == "logreg":
         return models.train_logreg()
+    if name == "spin":
+        return models.SpinModel(0.001, 0.00005)
     raise ValueError(f"unknown model {name!r}")
 
 
@@ -67,6 +73,8 @@ async def run(args: argparse.Namespace) -> None:
 
     model = _make_model(args.model)
     async with Clipper(query_port=args.query_port, rpc_port=args.rpc_port, admin_port=0) as clipper:
+        if args.shed_on_wall_lag:  # the "before" of pricing the loop's own backlog only
+            clipper.loop_lag._cpu = time.monotonic  # every late millisecond counts as work
         if args.no_shed:  # the "before" of load shedding: never shed for loop lag
             clipper.query.single.loop_lag = None
             clipper.query.split.loop_lag = None
@@ -96,7 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--query-port", type=int, default=1337)
     p.add_argument("--rpc-port", type=int, default=7000)
-    p.add_argument("--model", choices=["noop", "logreg"], default="noop")
+    p.add_argument("--model", choices=["noop", "logreg", "spin"], default="noop")
+    p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
+    p.add_argument(
+        "--shed-on-wall-lag",
+        action="store_true",
+        help="shed for all of the loop's lateness, descheduled time included (the old rule)",
+    )
     p.add_argument(
         "--controller", choices=["aimd", "quantile", "fixed", "unbatched"], default="aimd"
     )
@@ -116,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slo-ms", type=float, default=20.0)
     p.add_argument("--cache", action="store_true", help="enable the prediction cache")
     args = p.parse_args(argv)
+    if args.cpus:  # before any container starts: they inherit it
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     uvloop.run(run(args))
     return 0
 
