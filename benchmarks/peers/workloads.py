@@ -9,6 +9,8 @@ plus scikit-learn for ``logreg`` and PyTorch for ``mlp`` (imported lazily).
 * ``mlp``: a PyTorch MLP 784 -> 512 -> 256 -> 10 (ReLU), weights from ``torch.manual_seed(0)``,
   float32, eval mode, one intra-op thread per process (two cores are shared by everything);
   answers the argmax class per row.
+* ``spin``: a 64-float input and a model of known cost: 1 ms of CPU per batch plus 50 us per
+  row (a busy loop), answering ``0`` per row — batching pays, and it competes for the core.
 
 Every model is a callable ``predict(batch: np.ndarray[float32, (n, d)]) -> list[int]``.
 """
@@ -23,8 +25,8 @@ import numpy as np
 
 __all__ = ["INPUT_SIZE", "WORKLOADS", "as_batch", "example_input", "make_model"]
 
-WORKLOADS = ("noop", "logreg", "mlp")
-INPUT_SIZE = {"noop": 784, "logreg": 64, "mlp": 784}
+WORKLOADS = ("noop", "logreg", "mlp", "spin")
+INPUT_SIZE = {"noop": 784, "logreg": 64, "mlp": 784, "spin": 64}
 
 Predict = Callable[[np.ndarray], list[int]]
 
@@ -81,9 +83,26 @@ def _mlp() -> Predict:
     return predict
 
 
+def _spin() -> Predict:
+    import time
+
+    def predict(batch: np.ndarray) -> list[int]:
+        end = time.perf_counter() + 0.001 + 0.00005 * len(batch)
+        while time.perf_counter() < end:
+            pass
+        return [0] * len(batch)
+
+    return predict
+
+
 def make_model(workload: str) -> Predict:
     """The model for ``workload``: ``predict(batch (n, d) float array) -> n int labels``."""
-    makers: dict[str, Callable[[], Predict]] = {"noop": _noop, "logreg": _logreg, "mlp": _mlp}
+    makers: dict[str, Callable[[], Predict]] = {
+        "noop": _noop,
+        "logreg": _logreg,
+        "mlp": _mlp,
+        "spin": _spin,
+    }
     if workload not in makers:
         raise ValueError(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
     return makers[workload]()
