@@ -88,7 +88,8 @@ def test_links_rollouts_and_readiness_read_the_same_state() -> None:
 def kinds() -> tuple[Registry, SchedulerTable, Catalog]:
     """``single`` (model a), ``sel`` (exp4 over a and b), ``pipe`` (a required stage on model
     a, a stage with a default on b, an optional one on c, a required one on application
-    sel), ``empty`` (nothing linked). Every model has version 1 (one replica wanted), current; no scheduler yet."""
+    sel), ``empty`` (nothing linked). Every model has version 1 (one replica wanted), current;
+    no scheduler yet."""
     registry = Registry()
     for name in ("a", "b", "c"):
         registry.add_model(ModelVersion(name, "1", InputType.DOUBLES))
@@ -138,8 +139,7 @@ def test_a_single_model_application_is_ready_when_its_current_version_has_a_repl
                                                   "version '9'"]  # fmt: skip
     registry.current.pop("a")  # its current version deleted with force
     assert reasons_of(catalog, "single") == [
-        "application 'single': model 'a' has no current version (it answers only default "
-        "outputs)"
+        "application 'single': model 'a' has no current version (it answers only default outputs)"
     ]
 
 
@@ -204,8 +204,7 @@ def test_a_pipeline_is_ready_when_every_required_stage_can_run() -> None:
     registry.models.pop("a")
     assert reasons_of(catalog, "pipe") == [
         "application 'pipe': stage 'feat' (model 'a'): model 'a' does not exist",
-        "application 'pipe': stage 'pick' (application 'sel'): application 'sel' does not "
-        "exist",
+        "application 'pipe': stage 'pick' (application 'sel'): application 'sel' does not exist",
     ]
 
 

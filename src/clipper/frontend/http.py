@@ -172,6 +172,7 @@ def is_health_path(path: str) -> bool:
     not see it as down because the frontend holds its connection limit)."""
     return path in HEALTH_PATHS or path.endswith("/ready")
 
+
 # File descriptors kept for everything but this server's connections (replica sockets, the
 # other HTTP port, the store, logs) when the connection limit is clamped to RLIMIT_NOFILE.
 _FD_HEADROOM = 256

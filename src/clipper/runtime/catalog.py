@@ -249,7 +249,7 @@ class Catalog:
         return [f"model '{name}:{mv.version}' has no replica connected"]
 
     def _stages_why_not(self, pipeline: Pipeline, seen: tuple[str, ...]) -> list[str]:
-        out = []
+        out: list[str] = []
         for stage in pipeline.stages.values():
             if stage.on_miss != "fail":  # it may miss: the answer is degraded, not the default
                 continue
