@@ -251,6 +251,10 @@ async def test_connection_flood_leaves_health_and_admin_reachable() -> None:
         assert health.status == 200
         ready = await request(c.query_url + "/ready", limit_s=LIMIT_S)
         assert ready.status == 200
+        # One application's readiness too: the router answers it (here: no such application).
+        app_ready = await request(c.query_url + "/nope/ready", limit_s=LIMIT_S)
+        assert app_ready.status == 404
+        assert app_ready.json()["cause"] == "no application named 'nope'"
         # ... and nothing else does.
         refused = await request(c.query_url + "/metrics", limit_s=LIMIT_S)
         assert refused.status == 503

@@ -18,6 +18,7 @@ import clipper as clipper_pkg
 from clipper import BatchingConfig, Clipper
 from clipper.choices import GRPC_TRANSPORTS
 from tests.integration import models
+from tests.integration.helpers import post_json
 
 pytestmark = [
     pytest.mark.integration,
@@ -99,6 +100,37 @@ async def test_health_and_metadata(served: tuple[Clipper, str]) -> None:
     assert meta["versions"] == ["1"]
     assert meta["inputs"] == [{"name": "input", "datatype": "FP64", "shape": ["-1", "-1"]}]
     assert meta["outputs"][0]["name"] == "output"
+
+
+async def test_model_ready_of_an_app_without_replicas_while_another_is_ready(
+    served: tuple[Clipper, str],
+) -> None:
+    c, url = served
+    # A model whose containers are started elsewhere, none of which has dialled in.
+    added = await post_json(
+        f"{c.admin_url}/admin/add_model",
+        {"model_name": "elsewhere", "model_version": "1", "input_type": "doubles"},
+    )
+    assert added.status == 200, added.body
+    await c.set_num_replicas("elsewhere", 1, wait=False)
+    await c.register_application("waiting", "doubles", "-1.0", SLO_US)
+    await c.link_model_to_app("waiting", "elsewhere")
+
+    def ask(client: Any) -> dict[str, bool]:
+        return {
+            "waiting": client.is_model_ready("waiting"),
+            "waiting_v1": client.is_model_ready("waiting", "1"),
+            "doubles": client.is_model_ready("doubles"),
+            "server": client.is_server_ready(),
+        }
+
+    try:
+        got = await asyncio.to_thread(_call, url, ask)
+        # One application cannot answer, the other can; the whole frontend's rule says no.
+        assert got == {"waiting": False, "waiting_v1": False, "doubles": True, "server": False}
+    finally:
+        await c.delete_application("waiting")
+    assert await asyncio.to_thread(_call, url, lambda client: client.is_server_ready()) is True
 
 
 async def test_infer_raw_fp64(served: tuple[Clipper, str]) -> None:

@@ -155,15 +155,59 @@ async def test_server_routes(clipper: Clipper) -> None:
         "version": clipper_pkg.__version__,
         "extensions": [],
     }
-    for path in ("/health/live", "/health/ready", "/models/doubles/ready"):
+    for path in ("/health/live", "/health/ready"):
         resp = await request(v2_url(clipper, path))
         assert (resp.status, resp.body) == (200, b""), path
-    resp = await request(v2_url(clipper, "/models/doubles/versions/1/ready"))
-    assert resp.status == 200
+    for path in ("/models/doubles/ready", "/models/doubles/versions/1/ready"):
+        resp = await request(v2_url(clipper, path))
+        assert resp.status == 200, path
+        assert resp.json() == {"name": "doubles", "ready": True, "reasons": []}
     resp = await request(v2_url(clipper, "/models/doubles/versions/9/ready"))
     assert resp.status == 400
     resp = await request(v2_url(clipper, "/models/lonely/ready"))
     assert resp.status == 400
+
+
+async def test_model_ready_of_an_app_without_replicas_while_another_is_ready(
+    clipper: Clipper,
+) -> None:
+    # A model whose containers are started elsewhere, none of which has dialled in.
+    added = await post_json(
+        f"{clipper.admin_url}/admin/add_model",
+        {"model_name": "elsewhere", "model_version": "1", "input_type": "doubles"},
+    )
+    assert added.status == 200, added.body
+    await clipper.set_num_replicas("elsewhere", 1, wait=False)
+    await clipper.register_application("waiting", "doubles", "-1.0", SLO_US)
+    await clipper.link_model_to_app("waiting", "elsewhere")
+    why = ["application 'waiting': model 'elsewhere:1' has no replica connected"]
+    try:
+        resp = await request(v2_url(clipper, "/models/waiting/ready"))
+        assert resp.status == 400
+        assert resp.json() == {"name": "waiting", "ready": False, "reasons": why}
+        resp = await request(v2_url(clipper, "/models/doubles/ready"))
+        assert resp.status == 200
+        # The Clipper REST route answers the same, by its own statuses.
+        resp = await request(f"{clipper.query_url}/waiting/ready")
+        assert (resp.status, resp.json()) == (503, {"app": "waiting", "ready": False,
+                                                    "reasons": why})  # fmt: skip
+        resp = await request(f"{clipper.query_url}/doubles/ready")
+        assert (resp.status, resp.json()["ready"]) == (200, True)
+        # The whole frontend's readiness counts the model without replicas.
+        assert (await request(v2_url(clipper, "/health/ready"))).status == 503
+        if HAS_TRITONCLIENT:
+
+            def ask(client: Any) -> tuple[bool, bool]:
+                return client.is_model_ready("waiting"), client.is_model_ready("doubles")
+
+            client = _triton(clipper)
+            try:
+                assert await asyncio.to_thread(ask, client) == (False, True)
+            finally:
+                client.close()
+    finally:
+        await clipper.delete_application("waiting")
+    assert (await request(v2_url(clipper, "/health/ready"))).status == 200
 
 
 async def test_infer_flat_and_nested(clipper: Clipper) -> None:

@@ -8,12 +8,14 @@ here without containers, except the one test marked ``integration`` that deploys
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import orjson
 import pytest
 
 import clipper as clipper_pkg
+from clipper.batching.scheduler import Replica
 from clipper.query.prediction import NO_MODELS
 from clipper.server import Clipper
 from tests.inprocess import InProcessFrontend, RouterClient, RouterResponse, in_process_frontend
@@ -176,6 +178,218 @@ async def test_ready_lists_the_models_without_replicas(inproc_frontend: InProces
     # Scaled to none wanted, nothing is missing.
     await inproc_frontend.clipper.set_num_replicas("m", 0, wait=False)
     assert json_of(await inproc_frontend.query.get("/ready"))["ready"] is True
+
+
+# -- one application's readiness: GET /<app>/ready, GET /ready?app=, V2's model ready --------
+
+
+def connect_stand_in(c: Clipper, model: str, version: str) -> object:
+    """A replica of ``model:version`` as readiness sees one: an entry in its scheduler's list of
+    connected replicas (no process; nothing is queried through it). Taken out again with
+    :func:`disconnect_stand_in` before the frontend stops."""
+    sched = c.catalog.scheduler(model, version)
+    assert sched is not None, f"{model}:{version} has no scheduler"
+    stand_in = SimpleNamespace(in_flight={}, scheduler=None, draining=False)
+    sched.replicas.append(cast(Replica, stand_in))
+    return stand_in
+
+
+def disconnect_stand_in(c: Clipper, model: str, version: str, stand_in: object) -> None:
+    sched = c.catalog.scheduler(model, version)
+    assert sched is not None
+    sched.replicas.remove(cast(Replica, stand_in))
+
+
+async def add_model(fe: InProcessFrontend, name: str, version: str = "1") -> None:
+    """``name:version`` registered for containers started elsewhere (``add_model``: it becomes
+    current), one replica wanted, none started."""
+    added = await fe.admin.post(
+        "/admin/add_model",
+        json={"model_name": name, "model_version": version, "input_type": "doubles"},
+    )
+    assert added.status == 200, added.body
+    await fe.clipper.set_num_replicas(name, 1, version, wait=False)
+
+
+async def readiness(fe: InProcessFrontend, app: str, status: int) -> Any:
+    """``app``'s readiness document, the same by each of its routes (V2's in its own form)."""
+    doc = json_of(await fe.query.get(f"/{app}/ready"), status)
+    for path in (f"/{app}/ready/", f"/ready?app={app}", f"/health/ready?app={app}"):
+        assert json_of(await fe.query.get(path), status) == doc, path
+    assert set(doc) == {"app", "ready", "reasons"} and doc["app"] == app
+    v2 = json_of(await fe.query.get(f"/v2/models/{app}/ready"), 200 if status == 200 else 400)
+    assert v2 == {"name": app, "ready": doc["ready"], "reasons": doc["reasons"]}
+    return doc
+
+
+async def test_a_single_model_application_is_ready_once_its_model_has_a_replica(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    fe, c = inproc_frontend, inproc_frontend.clipper
+    await lonely_app(c, "single")
+    await add_model(fe, "m")
+    await c.link_model_to_app("single", "m")
+    doc = await readiness(fe, "single", 503)
+    assert doc["reasons"] == ["application 'single': model 'm:1' has no replica connected"]
+    stand_in = connect_stand_in(c, "m", "1")
+    try:
+        assert await readiness(fe, "single", 200) == {"app": "single", "ready": True,
+                                                      "reasons": []}  # fmt: skip
+        # A version pinned: that one, which must exist.
+        pinned = json_of(await fe.query.get("/single/ready?version=1"))
+        assert pinned == {"app": "single", "version": "1", "ready": True, "reasons": []}
+        unknown = json_of(await fe.query.get("/ready?app=single&version=9"), 503)
+        why = ["application 'single': model 'm' has no version '9'"]
+        assert unknown == {"app": "single", "version": "9", "ready": False, "reasons": why}
+        v2 = json_of(await fe.query.get("/v2/models/single/versions/9/ready"), 400)
+        assert v2["reasons"] == unknown["reasons"]
+        # Scaled to none, it cannot answer: the reason says why there is no replica.
+    finally:
+        disconnect_stand_in(c, "m", "1", stand_in)
+    await c.set_num_replicas("m", 0, wait=False)
+    doc = await readiness(fe, "single", 503)
+    assert doc["reasons"] == ["application 'single': model 'm:1' has no replica connected "
+                              "(none is configured: num_replicas is 0)"]  # fmt: skip
+
+
+async def test_an_application_with_no_model_linked_is_not_ready(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    await lonely_app(inproc_frontend.clipper)
+    doc = await readiness(inproc_frontend, "lonely", 503)
+    assert doc["reasons"] == [
+        "application 'lonely': no model is linked (it answers only default outputs)"
+    ]
+
+
+async def test_a_split_is_ready_when_its_current_version_is(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    fe, c = inproc_frontend, inproc_frontend.clipper
+    await lonely_app(c, "split")
+    await add_model(fe, "m", "1")
+    await add_model(fe, "m", "2")  # current
+    await c.link_model_to_app("split", "m")
+    one, two = connect_stand_in(c, "m", "1"), connect_stand_in(c, "m", "2")
+    try:
+        await c.set_traffic_split("m", {"1": 50, "2": 50}, ready_timeout_s=5)
+        assert c.catalog.rollout("m") is not None
+        assert (await readiness(fe, "split", 200))["reasons"] == []
+        disconnect_stand_in(c, "m", "2", two)
+        # Version 1 of the split still has its replica, but a draw of a version without one
+        # falls back on the current version: that is the one that must answer.
+        doc = await readiness(fe, "split", 503)
+        assert doc["reasons"] == ["application 'split': model 'm:2' has no replica connected"]
+    finally:
+        disconnect_stand_in(c, "m", "1", one)
+
+
+async def test_a_selection_is_ready_when_any_linked_model_has_a_replica(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    fe, c = inproc_frontend, inproc_frontend.clipper
+    await c.register_application("sel", "doubles", "-1.0", SLO_US, policy="exp4")
+    for name in ("a", "b"):
+        await add_model(fe, name)
+        await c.link_model_to_app("sel", name)
+    doc = await readiness(fe, "sel", 503)
+    assert doc["reasons"] == [
+        "application 'sel': model 'a:1' has no replica connected",
+        "application 'sel': model 'b:1' has no replica connected",
+    ]
+    stand_in = connect_stand_in(c, "b", "1")
+    try:
+        assert (await readiness(fe, "sel", 200))["reasons"] == []
+        # The whole frontend's rule still wants every linked model's replicas.
+        whole = json_of(await fe.query.get("/ready"), 503)
+        assert whole["reasons"] == ["application 'sel': model 'a:1' has no replica connected"]
+    finally:
+        disconnect_stand_in(c, "b", "1", stand_in)
+
+
+async def test_a_pipeline_is_ready_when_every_required_stage_can_run(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    fe, c = inproc_frontend, inproc_frontend.clipper
+    for name in ("feat", "score", "enrich", "pick"):
+        await add_model(fe, name)
+    await c.register_application("sel", "doubles", "-1.0", SLO_US, policy="exp4")
+    await c.link_model_to_app("sel", "pick")
+    stages = [
+        {"name": "f", "model": "feat"},
+        {"name": "s", "model": "score", "input": "$f", "default": 0},
+        {"name": "e", "model": "enrich", "optional": True},
+        {"name": "p", "app": "sel", "input": "$f"},
+    ]
+    await c.register_application(
+        "pipe", "doubles", "-1.0", SLO_US, pipeline={"stages": stages, "output": "$p"}
+    )
+    doc = await readiness(fe, "pipe", 503)
+    assert doc["reasons"] == [
+        "application 'pipe': stage 'f' (model 'feat'): model 'feat:1' has no replica connected",
+        "application 'pipe': stage 'p' (application 'sel'): model 'pick:1' has no replica "
+        "connected",
+    ]
+    feat = connect_stand_in(c, "feat", "1")
+    try:
+        doc = await readiness(fe, "pipe", 503)
+        assert doc["reasons"] == ["application 'pipe': stage 'p' (application 'sel'): model "
+                                  "'pick:1' has no replica connected"]  # fmt: skip
+        pick = connect_stand_in(c, "pick", "1")
+        try:
+            # The stage with a default and the optional one have no replica: it still answers.
+            assert (await readiness(fe, "pipe", 200))["reasons"] == []
+        finally:
+            disconnect_stand_in(c, "pick", "1", pick)
+    finally:
+        disconnect_stand_in(c, "feat", "1", feat)
+
+
+async def test_one_application_without_replicas_leaves_another_ready(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    fe, c = inproc_frontend, inproc_frontend.clipper
+    await linked_without_replicas(fe)  # application waiting, model m:1
+    await lonely_app(c, "serving")
+    await add_model(fe, "n")
+    await c.link_model_to_app("serving", "n")
+    stand_in = connect_stand_in(c, "n", "1")
+    try:
+        assert (await readiness(fe, "serving", 200))["ready"] is True
+        doc = await readiness(fe, "waiting", 503)
+        assert doc["reasons"] == ["application 'waiting': model 'm:1' has no replica connected"]
+        # Plain /ready keeps the whole frontend's rule.
+        whole = json_of(await fe.query.get("/ready"), 503)
+        assert whole["models_without_replicas"] == ["m:1"]
+    finally:
+        disconnect_stand_in(c, "n", "1", stand_in)
+
+
+async def test_readiness_routes_refuse_what_they_do_not_take(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    query = inproc_frontend.query
+    await lonely_app(inproc_frontend.clipper)
+    for path in ("/nope/ready", "/ready?app=nope"):
+        assert error_of(await query.get(path), 404)["cause"] == "no application named 'nope'"
+    cause = v2_error_of(await query.get("/v2/models/nope/ready"), 404)
+    assert cause.startswith("unknown model 'nope'"), cause
+    for path, needle in [
+        ("/ready?version=1", "takes ?app=<application>[&version=<version>]"),
+        ("/ready?ap=lonely", "unknown parameter 'ap'; it takes app, version"),
+        ("/ready?app=lonely&app=other", "parameter 'app' is given more than once"),
+        ("/ready?app=", "parameter 'app' is empty"),
+        ("/lonely/ready?app=lonely", "unknown parameter 'app'; it takes version"),
+    ]:
+        assert needle in error_of(await query.get(path), 400)["cause"], path
+    # Under /v2 the V2 API answers, unless an application is itself named v2.
+    assert "no route for GET /v2/ready" in v2_error_of(await query.get("/v2/ready"), 404)
+    await lonely_app(inproc_frontend.clipper, "v2")
+    assert json_of(await query.get("/v2/ready"), 503)["app"] == "v2"
+    # /health/ready is the frontend's: an application named health is asked for by ?app=.
+    await lonely_app(inproc_frontend.clipper, "health")
+    assert "models_without_replicas" in json_of(await query.get("/health/ready"))
+    assert json_of(await query.get("/ready?app=health"), 503)["app"] == "health"
 
 
 PROMETHEUS_ACCEPT = (

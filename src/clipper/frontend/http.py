@@ -36,7 +36,15 @@ from clipper.errors import PayloadTooLarge, RequestError
 if TYPE_CHECKING:
     from clipper.config import FrontendConfig
 
-__all__ = ["HEALTH_PATHS", "HttpLimits", "HttpServer", "Router", "Stream", "StreamingRespond"]
+__all__ = [
+    "HEALTH_PATHS",
+    "HttpLimits",
+    "HttpServer",
+    "Router",
+    "Stream",
+    "StreamingRespond",
+    "is_health_path",
+]
 
 log = logging.getLogger("clipper.http")
 
@@ -150,11 +158,20 @@ def error_body(err: RequestError) -> bytes:
 
 
 # What a connection in the health reserve may ask for (the query port's liveness/readiness
-# paths, Clipper's and V2's); anything else there is answered 503.
+# paths, Clipper's and V2's, and one application's readiness: any path ending in /ready);
+# anything else there is answered 503.
 HEALTH_PATHS = frozenset(
     ("/health", "/healthz", "/health/live", "/ready", "/health/ready", "/v2/health/live",
      "/v2/health/ready")
 )  # fmt: skip
+
+
+def is_health_path(path: str) -> bool:
+    """A path the health reserve serves: :data:`HEALTH_PATHS`, ``/<app>/ready`` and V2's
+    ``/v2/models/<m>[/versions/<v>]/ready`` (a load balancer checking one application must
+    not see it as down because the frontend holds its connection limit)."""
+    return path in HEALTH_PATHS or path.endswith("/ready")
+
 
 # File descriptors kept for everything but this server's connections (replica sockets, the
 # other HTTP port, the store, logs) when the connection limit is clamped to RLIMIT_NOFILE.
@@ -517,7 +534,7 @@ class _Connection(asyncio.Protocol):
             # Routes that take parameters read them here; no client can send a header
             # whose name starts with ":".
             headers[b":query"] = url[q + 1 :]
-        if self._health_only and path not in HEALTH_PATHS:
+        if self._health_only and not is_health_path(path):
             limit = self.server.max_connections
             self._answer(slot, 503, _error_doc(503, (
                 f"the server holds its limit of {limit} connections (max_connections); "

@@ -1,5 +1,6 @@
-"""The routes of the two HTTP ports: the query API (predict, feedback, metrics, health) and
-the admin API's token check in front of :class:`AdminApi`.
+"""The routes of the two HTTP ports: the query API (predict, feedback, metrics, health, the
+frontend's readiness and one application's) and the admin API's token check in front of
+:class:`AdminApi`.
 
 The Clipper REST edge: :func:`encode_predictions` turns the processor's predictions into the
 original ``POST /<app>/predict`` document, and refused queries are rendered by
@@ -11,10 +12,11 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qsl
 
 import orjson
 
-from clipper.errors import NotFoundError, RequestError
+from clipper.errors import BadInputError, NotFoundError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.clipper_rest import PredictParser, parse_feedback
 from clipper.frontend.http import JSON, Respond, error_body, json_response
@@ -175,6 +177,16 @@ class QueryRoutes:
                 json_response(respond, 200, {"status": "ok"})
                 return
             if path in ("/ready", "/health/ready"):
+                query = headers.get(b":query")
+                if query:  # ?app=NAME[&version=V]: one application
+                    params = _params(query, ("app", "version"), path)
+                    if "app" not in params:
+                        raise BadInputError(
+                            f"GET {path} takes ?app=<application>[&version=<version>] (one "
+                            "application), or no parameters (the whole frontend)"
+                        )
+                    self._app_ready(respond, params["app"], params.get("version"))
+                    return
                 reasons = self.svc.catalog.reasons()
                 json_response(
                     respond, 200 if not reasons else 503,
@@ -182,13 +194,51 @@ class QueryRoutes:
                      "reasons": reasons},
                 )  # fmt: skip
                 return
+            if path.endswith(("/ready", "/ready/")):
+                app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
+                # /v2/... is the V2 API's unless an application is named v2.
+                if verb == "ready" and app and (app != "v2" or app in self._apps):
+                    query = headers.get(b":query")
+                    params = _params(query, ("version",), path) if query else {}
+                    self._app_ready(respond, app, params.get("version"))
+                    return
         if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol (V2)
             v2.handle(self.svc, method, path, headers, body, respond, t0=t0)
             return
         raise NotFoundError(
             f"no route for {method.decode()} {path}; expected POST /<app>/predict, "
-            "POST /<app>/update, GET /metrics, GET /health or GET /ready"
+            "POST /<app>/update, GET /<app>/ready, GET /metrics, GET /health or GET /ready"
         )
+
+    def _app_ready(self, respond: Respond, name: str, version: str | None) -> None:
+        """One application's readiness: 200 when it can answer with a prediction, else 503,
+        with the reasons (the rule of :meth:`~clipper.runtime.catalog.Catalog.app_reasons`)."""
+        application = self._apps.get(name)
+        if application is None:
+            raise NotFoundError(f"no application named '{name}'")
+        reasons = self.svc.catalog.app_reasons(application, version)
+        doc: dict[str, Any] = {"app": name}
+        if version is not None:
+            doc["version"] = version
+        doc["ready"] = not reasons
+        doc["reasons"] = reasons
+        json_response(respond, 200 if not reasons else 503, doc)
+
+
+def _params(query: bytes, allowed: tuple[str, ...], path: str) -> dict[str, str]:
+    """A readiness route's query parameters, each at most once and none but ``allowed``."""
+    out: dict[str, str] = {}
+    for key, value in parse_qsl(query.decode("utf-8", "replace"), keep_blank_values=True):
+        if key not in allowed:
+            raise BadInputError(
+                f"GET {path}: unknown parameter {key!r}; it takes {', '.join(allowed)}"
+            )
+        if key in out:
+            raise BadInputError(f"GET {path}: parameter {key!r} is given more than once")
+        if not value:
+            raise BadInputError(f"GET {path}: parameter {key!r} is empty")
+        out[key] = value
+    return out
 
 
 _UNAUTHORIZED = (

@@ -50,6 +50,7 @@ __all__ = [
     "handle",
     "model_config",
     "model_metadata",
+    "model_readiness",
     "model_ready",
     "parse_infer",
     "server_ready",
@@ -133,8 +134,9 @@ def _route(  # noqa: PLR0917
             respond(200, orjson.dumps(doc), JSON)
             return
         if method == b"GET" and rest == ["ready"]:
-            ready = model_ready(svc, find_app(svc.catalog.registry, name), version)
-            respond(200 if ready else 400, b"", _EMPTY)
+            doc = model_readiness(svc, find_app(svc.catalog.registry, name), version)
+            # The protocol's answer is the status (200: ready, 4xx: not); the body says why.
+            respond(200 if doc["ready"] else 400, orjson.dumps(doc), JSON)
             return
         if method == b"POST" and rest == ["infer"]:
             app = find_app(svc.catalog.registry, name)
@@ -155,8 +157,16 @@ def server_ready(svc: QueryServices) -> bool:
 
 
 def model_ready(svc: QueryServices, app: Application, version: str | None) -> bool:
-    """Ready when a linked model (the requested version of it) has a replica alive."""
+    """Ready when the application can answer with a prediction (version ``version`` of its
+    model, when given): the rule of :meth:`~clipper.runtime.catalog.Catalog.app_reasons`."""
     return svc.catalog.app_ready(app, version)
+
+
+def model_readiness(svc: QueryServices, app: Application, version: str | None) -> dict[str, Any]:
+    """``GET /v2/models/<m>[/versions/<v>]/ready``'s body: KServe's ``{"name", "ready"}``, and
+    ``reasons`` (why not, one line each; empty when ready)."""
+    reasons = svc.catalog.app_reasons(app, version)
+    return {"name": app.name, "ready": not reasons, "reasons": reasons}
 
 
 def model_metadata(svc: QueryServices, app: Application, version: str | None) -> dict[str, Any]:

@@ -6,8 +6,9 @@ every write advances :attr:`SchedulerTable.generation` and tells the listeners (
 controller publishes versioned snapshots to its proxies). :class:`Catalog` is the read-only view
 everyone else is handed — the query runners, traffic, the protocols, the dashboard, the admin
 API, the autoscaler, the replica directory — so that "the current version's scheduler" and the
-readiness rule are written once. ``GET /ready``, ``/v2/health/ready`` and gRPC's
-``ServerReady`` all read :meth:`Catalog.reasons`.
+readiness rules are written once. ``GET /ready``, ``/v2/health/ready`` and gRPC's
+``ServerReady`` all read :meth:`Catalog.reasons` (the whole frontend); ``GET /<app>/ready``,
+V2's model ready and gRPC's ``ModelReady`` read :meth:`Catalog.app_reasons` (one application).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, ItemsView, Mapping, ValuesView
 
 from clipper.batching.scheduler import ModelScheduler
+from clipper.pipeline.spec import Pipeline
 from clipper.registry import Application, ModelVersion, Registry
 from clipper.rollout import Rollout
 
@@ -192,6 +194,74 @@ class Catalog:
     def ready(self) -> bool:
         return not self.reasons()
 
+    def app_reasons(self, app: Application, version: str | None = None) -> list[str]:
+        """Why ``app`` cannot answer with a prediction now, one line each; empty when it can:
+        the readiness rule of one application (``GET /<app>/ready``, V2's model ready, gRPC's
+        ``ModelReady``). By kind, as the query path answers it:
+
+        * a single model, or a split (its drawn versions fall back on the current one): the
+          current version (``version``, when pinned) has a replica connected;
+        * a selection: at least one linked model's current version has one;
+        * a pipeline: every required stage (no ``default``, not ``optional``) can run: its
+          model's current version has a replica connected, or its application is ready.
+
+        An application with no model linked answers only its default output: not ready."""
+        return [f"application '{app.name}': {why}" for why in self._why_not(app, version, ())]
+
     def app_ready(self, app: Application, version: str | None = None) -> bool:
-        """A linked model (the requested version of it) has a replica connected."""
-        return any(self.live(name, version) is not None for name in self.linked(app.name))
+        """``app`` can answer with a prediction (:meth:`app_reasons` is empty)."""
+        return not self.app_reasons(app, version)
+
+    def _why_not(self, app: Application, version: str | None, seen: tuple[str, ...]) -> list[str]:
+        if app.stages is not None:  # a query's version pin is not used by a pipeline
+            return self._stages_why_not(app.stages, (*seen, app.name))
+        linked = self.linked(app.name)
+        if not linked:
+            return ["no model is linked (it answers only default outputs)"]
+        if version is not None:
+            if len(linked) > 1:  # the processor refuses such a query
+                return [f"a version cannot be pinned: {len(linked)} models are linked"]
+            return self._model_why_not(linked[0], version)
+        if app.policy == "single":
+            return self._model_why_not(linked[0], None)
+        out = []
+        for name in linked:  # a selection answers with whichever of its models can
+            why = self._model_why_not(name, None)
+            if not why:
+                return []
+            out.extend(why)
+        return out
+
+    def _model_why_not(self, name: str, version: str | None) -> list[str]:
+        """Why ``name`` at ``version`` (None: its current version) has no replica to answer."""
+        if name not in self._models:
+            return [f"model '{name}' does not exist"]
+        mv = self.version(name, version)
+        if mv is None:
+            if version is not None:
+                return [f"model '{name}' has no version '{version}'"]
+            return [f"model '{name}' has no current version (it answers only default outputs)"]
+        if self.live(name, mv.version) is not None:
+            return []
+        if mv.num_replicas == 0:
+            return [f"model '{name}:{mv.version}' has no replica connected (none is configured: "
+                    "num_replicas is 0)"]  # fmt: skip
+        return [f"model '{name}:{mv.version}' has no replica connected"]
+
+    def _stages_why_not(self, pipeline: Pipeline, seen: tuple[str, ...]) -> list[str]:
+        out: list[str] = []
+        for stage in pipeline.stages.values():
+            if stage.on_miss != "fail":  # it may miss: the answer is degraded, not the default
+                continue
+            if stage.model is not None:
+                why = self._model_why_not(stage.model, None)
+            else:
+                target = self.app(stage.app or "")
+                if target is None:
+                    why = [f"application '{stage.app}' does not exist"]
+                elif target.name in seen:  # a stage never names a pipeline: a guard only
+                    why = [f"application '{stage.app}' refers back to '{seen[0]}'"]
+                else:
+                    why = self._why_not(target, None, seen)
+            out.extend(f"stage '{stage.name}' ({stage.target}): {w}" for w in why)
+        return out
