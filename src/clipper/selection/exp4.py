@@ -72,9 +72,7 @@ class Exp4(SelectionPolicy):
     def init_state(self) -> State:
         return {"log_w": dict.fromkeys(self.models, 0.0), "n": 0}
 
-    def weights(
-        self, state: State, available: Collection[str] | None = None
-    ) -> dict[str, float]:
+    def weights(self, state: State, available: Collection[str] | None = None) -> dict[str, float]:
         """Each available model's weight, normalised over them (None: all linked models)."""
         models = self._available(available)
         w = normalised([read(state, "log_w", m, 0.0) for m in models])
