@@ -47,8 +47,8 @@ async def test_a_killed_model_is_routed_around_while_it_restarts() -> None:
         # (phase, app) -> (model that answered, default?) -> count
         answers: dict[tuple[str, str], Counter[tuple[str, bool]]] = {}
 
-        async def client(phase: str, app: str, k: int, more: Callable[[], bool]) -> None:
-            while more():
+        async def client(phase: str, app: str, k: int, more: Callable[[str], bool]) -> None:
+            while more(app):
                 x = float(sent[app] * CLIENTS_PER_APP + k)  # distinct inputs: no cache hits
                 sent[app] += 1
                 down = not sched.replicas
@@ -63,11 +63,7 @@ async def test_a_killed_model_is_routed_around_while_it_restarts() -> None:
 
         async def phase(name: str, more: Callable[[str], bool]) -> None:
             await asyncio.gather(
-                *(
-                    client(name, app, k, lambda app=app: more(app))  # type: ignore[misc]
-                    for app in APPS
-                    for k in range(CLIENTS_PER_APP)
-                )
+                *(client(name, app, k, more) for app in APPS for k in range(CLIENTS_PER_APP))
             )
 
         def count(name: str, app: str) -> int:
