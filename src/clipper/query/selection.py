@@ -170,15 +170,21 @@ class SelectionRunner:
         (the policy then chooses as if all could, and a chosen model without a replica
         answers the default with the reason)."""
         catalog = self.catalog
-        by_key, currents, rollouts = catalog.by_key, catalog.currents, catalog.rollouts
+        by_key, currents = catalog.by_key, catalog.currents
+        for model in models:  # per query: the common case, all up, in a few lookups
+            sched = by_key.get((model, currents.get(model, "")))
+            if sched is None or not sched.replicas:
+                break
+        else:
+            return None
+        rollouts = catalog.rollouts if self.traffic is not None else {}
         up: list[str] = []
         for model in models:
-            current = currents.get(model)
-            sched = by_key.get((model, current)) if current is not None else None
+            sched = by_key.get((model, currents.get(model, "")))
             if sched is not None and sched.replicas:
                 up.append(model)
                 continue
-            rollout = rollouts.get(model) if self.traffic is not None else None
+            rollout = rollouts.get(model)
             if rollout is not None and any(
                 (s := by_key.get((model, v))) is not None and s.replicas for v, _ in rollout.split
             ):
