@@ -9,6 +9,11 @@ models' cached predictions (re-requested when the cache no longer has them) and 
 policy's state, per user when a ``uid`` is given. Under bandit feedback only the model the
 query drew is joined (and evaluated again, if need be): the draw is recorded per ``(uid,
 input)`` at query time (:class:`~clipper.selection.draws.Draws`).
+
+The policy chooses among the linked models that can answer now: those whose version has a
+connected replica (:meth:`SelectionRunner.available`). A model whose only replica died is thus
+routed around while it restarts; the default output for "no replica" is left for a query none
+of whose linked models has one.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from clipper.clock import Clock, TimerHandle, wait_all
@@ -159,6 +164,35 @@ class SelectionRunner:
         self._by_app.pop(app_name, None)
         self._draws.pop(app_name, None)
 
+    def available(self, models: Sequence[str]) -> frozenset[str] | None:
+        """The models that can answer now: the current version has a connected replica, or a
+        version in the model's traffic split has one. None when that is every model, or none
+        (the policy then chooses as if all could, and a chosen model without a replica
+        answers the default with the reason)."""
+        catalog = self.catalog
+        by_key, currents = catalog.by_key, catalog.currents
+        for model in models:  # per query: the common case, all up, in a few lookups
+            sched = by_key.get((model, currents.get(model, "")))
+            if sched is None or not sched.replicas:
+                break
+        else:
+            return None
+        rollouts = catalog.rollouts if self.traffic is not None else {}
+        up: list[str] = []
+        for model in models:
+            sched = by_key.get((model, currents.get(model, "")))
+            if sched is not None and sched.replicas:
+                up.append(model)
+                continue
+            rollout = rollouts.get(model)
+            if rollout is not None and any(
+                (s := by_key.get((model, v))) is not None and s.replicas for v, _ in rollout.split
+            ):
+                up.append(model)
+        if not up or len(up) == len(models):
+            return None
+        return frozenset(up)
+
     def draws(self, app_name: str) -> Draws:
         draws = self._draws.get(app_name)
         if draws is None:
@@ -219,16 +253,19 @@ class SelectionRunner:
         slo_s: float,
     ) -> None:
         app = sel.app
-        chosen = sel.policy.select(state, self.rng)
+        available = self.available(sel.models)
+        chosen = sel.policy.select(state, self.rng, available)
         if sel.policy.bandit_feedback:
-            draw = Draw(chosen[0], sel.policy.draw_probability(state, chosen[0]))
+            # The probability among the available models: the one it was drawn with.
+            draw = Draw(chosen[0], sel.policy.draw_probability(state, chosen[0], available))
             draws = self.draws(app.name)
             for payload in payloads:
                 draws.record(uid, payload, draw)
         deadline = t0 + slo_s
         q = EnsembleQuery(
-            self, sel, state, chosen, len(payloads), reply=reply, t0=t0, deadline=deadline
-        )
+            self, sel, state, chosen, len(payloads), reply=reply, t0=t0, deadline=deadline,
+            available=available,
+        )  # fmt: skip
         catalog, seam, traffic = self.catalog, self.seam, self.traffic
         for model in chosen:
             version, shadow = catalog.current(model), None
@@ -324,8 +361,9 @@ class SelectionRunner:
         draw = self.draws(sel.app.name).take(uid, payload)
         if draw is not None and draw.model in sel.models:
             return draw
-        model = sel.policy.select(state, self.rng)[0]
-        return Draw(model, sel.policy.draw_probability(state, model))
+        available = self.available(sel.models)
+        model = sel.policy.select(state, self.rng, available)[0]
+        return Draw(model, sel.policy.draw_probability(state, model, available))
 
     async def _ask(
         self, app: Application, payload: bytes, models: list[tuple[str, str]]
@@ -387,6 +425,7 @@ class EnsembleQuery:
 
     __slots__ = (
         "app",
+        "available",
         "chosen",
         "deadline",
         "errors",
@@ -412,12 +451,14 @@ class EnsembleQuery:
         reply: Reply,
         t0: float,
         deadline: float,
+        available: frozenset[str] | None = None,
     ) -> None:
         self.run = run
         self.sel = sel
         self.app = sel.app
         self.state = state
         self.chosen = chosen
+        self.available = available  # what the policy chose among (None: every linked model)
         self.n = n
         self.outputs: list[dict[str, Any]] = [{} for _ in range(n)]
         self.errors: list[dict[str, BaseException]] = [{} for _ in range(n)]
@@ -494,7 +535,7 @@ def combine_one(q: EnsembleQuery, i: int, query_id: int) -> Prediction:
         else:
             reason, why = run.seam.explain("", _late(q, missing))
         return Prediction(query_id, app.default_value, reason, why, (), 0.0)
-    combined = q.sel.policy.combine(q.state, arrived)
+    combined = q.sel.policy.combine(q.state, arrived, q.available)
     used = tuple(combined.used)
     if combined.confidence < app.min_confidence:
         why = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from clipper.errors import ConfigError
@@ -27,6 +27,10 @@ class ABSplit(SelectionPolicy):
 
     ``weights`` maps model name to a non-negative number; linked models it does not name get 0,
     and names of models not linked (yet) are ignored. Without ``weights`` the split is even.
+
+    Only ``available`` models are drawn: the weights are renormalised over them (a 90/10 split
+    whose 90 has no replica sends everything to the 10). When every available model has weight
+    0, the split is even over them: a model outside the test answers rather than nobody.
 
     State: ``{"count": {model: int}, "n": int}`` - feedback counted per model (per arm of the
     test), for the operator to compare.
@@ -69,10 +73,27 @@ class ABSplit(SelectionPolicy):
     def init_state(self) -> State:
         return {"count": dict.fromkeys(self.models, 0), "n": 0}
 
-    def select(self, state: State, rng: random.Random) -> list[str]:
-        return [sample(rng, self.models, [self.probabilities[m] for m in self.models])]
+    def split(self, available: Collection[str] | None = None) -> dict[str, float]:
+        """Each available model's share of the queries (see the class docstring)."""
+        models = self._available(available)
+        if models == self.models:
+            return self.probabilities
+        share = {m: self.probabilities[m] for m in models}
+        total = math.fsum(share.values())
+        if total <= 0.0:
+            return dict.fromkeys(models, 1.0 / len(models))
+        return {m: p / total for m, p in share.items()}
 
-    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+    def select(
+        self, state: State, rng: random.Random, available: Collection[str] | None = None
+    ) -> list[str]:
+        p = self.split(available)
+        models = list(p)
+        return [sample(rng, models, [p[m] for m in models])]
+
+    def combine(
+        self, state: State, outputs: Mapping[str, Any], available: Collection[str] | None = None
+    ) -> Combined:
         return self._combine_one(outputs)
 
     def observe(

@@ -14,13 +14,18 @@ every model's weight above a floor (``floor``); the other three discount their s
 ``discount`` per feedback. All four take ``feedback``: ``"bandit"`` (the default)
 learns from the one model the query drew, ``"full"`` from every linked model's output (which
 the server then evaluates on the labelled input).
+
+All four choose only among the ``available`` models (those with a connected replica, as the
+caller knows): each behaves as if only they were linked. Exp3 draws with its probabilities
+over them (and records that probability for its update, so the importance weighting stays
+unbiased), epsilon-greedy explores uniformly over them, UCB1 and Thompson take the best of them.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from clipper.selection.base import (
@@ -81,20 +86,33 @@ class Exp3(SelectionPolicy):
     def init_state(self) -> State:
         return {"log_w": dict.fromkeys(self.models, 0.0), "n": 0}
 
-    def probabilities(self, state: State) -> dict[str, float]:
-        """Each model's probability of being drawn from ``state``."""
-        w = normalised([read(state, "log_w", m, 0.0) for m in self.models])
-        floor = self.gamma / len(self.models)
-        return {m: (1.0 - self.gamma) * wi + floor for m, wi in zip(self.models, w, strict=True)}
+    def probabilities(
+        self, state: State, available: Collection[str] | None = None
+    ) -> dict[str, float]:
+        """Each available model's probability of being drawn from ``state``: Exp3 over the
+        available models alone, ``(1 - gamma) * w_i / sum(w over them) + gamma / K'`` with K'
+        their number (the weights renormalised over them; the models without a replica get
+        nothing, the others' ratios stay)."""
+        models = self._available(available)
+        w = normalised([read(state, "log_w", m, 0.0) for m in models])
+        floor = self.gamma / len(models)
+        return {m: (1.0 - self.gamma) * wi + floor for m, wi in zip(models, w, strict=True)}
 
-    def draw_probability(self, state: State, model: str) -> float | None:
-        return self.probabilities(state).get(model)
+    def draw_probability(
+        self, state: State, model: str, available: Collection[str] | None = None
+    ) -> float | None:
+        return self.probabilities(state, available).get(model)
 
-    def select(self, state: State, rng: random.Random) -> list[str]:
-        p = self.probabilities(state)
-        return [sample(rng, self.models, [p[m] for m in self.models])]
+    def select(
+        self, state: State, rng: random.Random, available: Collection[str] | None = None
+    ) -> list[str]:
+        p = self.probabilities(state, available)
+        models = list(p)
+        return [sample(rng, models, [p[m] for m in models])]
 
-    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+    def combine(
+        self, state: State, outputs: Mapping[str, Any], available: Collection[str] | None = None
+    ) -> Combined:
         return self._combine_one(outputs)
 
     def observe(
@@ -160,17 +178,22 @@ class EpsilonGreedy(SelectionPolicy):
             out[m] = read(state, "loss_sum", m, 0.0) / n if n > 0 else None
         return out
 
-    def select(self, state: State, rng: random.Random) -> list[str]:
+    def select(
+        self, state: State, rng: random.Random, available: Collection[str] | None = None
+    ) -> list[str]:
+        models = self._available(available)
         # Always one draw first, so the rng advances the same way whichever branch is taken.
         if rng.random() < self.epsilon:
-            return [self.models[rng.randrange(len(self.models))]]
+            return [models[rng.randrange(len(models))]]
         means = self.mean_losses(state)
-        for m in self.models:
+        for m in models:
             if means[m] is None:
                 return [m]
-        return [min(self.models, key=lambda m: means[m] or 0.0)]
+        return [min(models, key=lambda m: means[m] or 0.0)]
 
-    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+    def combine(
+        self, state: State, outputs: Mapping[str, Any], available: Collection[str] | None = None
+    ) -> Combined:
         return self._combine_one(outputs)
 
     def observe(
@@ -240,11 +263,16 @@ class UCB1(SelectionPolicy):
                 out[m] = mean + self.exploration * bonus
         return out
 
-    def select(self, state: State, rng: random.Random) -> list[str]:
+    def select(
+        self, state: State, rng: random.Random, available: Collection[str] | None = None
+    ) -> list[str]:
+        # N stays every linked model's plays: a model without a replica was still played.
         s = self.scores(state)
-        return [max(self.models, key=lambda m: s[m])]  # max keeps the first of equals
+        return [max(self._available(available), key=lambda m: s[m])]  # the first of equals
 
-    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+    def combine(
+        self, state: State, outputs: Mapping[str, Any], available: Collection[str] | None = None
+    ) -> Combined:
         return self._combine_one(outputs)
 
     def observe(
@@ -295,14 +323,19 @@ class Thompson(SelectionPolicy):
             "n": 0,
         }
 
-    def select(self, state: State, rng: random.Random) -> list[str]:
+    def select(
+        self, state: State, rng: random.Random, available: Collection[str] | None = None
+    ) -> list[str]:
+        models = self._available(available)
         draws = {
             m: rng.betavariate(read(state, "alpha", m, 1.0), read(state, "beta", m, 1.0))
-            for m in self.models
+            for m in models
         }
-        return [max(self.models, key=lambda m: draws[m])]
+        return [max(models, key=lambda m: draws[m])]
 
-    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+    def combine(
+        self, state: State, outputs: Mapping[str, Any], available: Collection[str] | None = None
+    ) -> Combined:
         return self._combine_one(outputs)
 
     def observe(

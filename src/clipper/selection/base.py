@@ -10,6 +10,15 @@ States outlive the set of linked models: a model missing from a state is treated
 initial weight or counts), and entries for models no longer linked are ignored (kept, so a model
 that is linked again resumes where it was).
 
+Availability: :meth:`SelectionPolicy.select`, :meth:`~SelectionPolicy.draw_probability` and
+:meth:`~SelectionPolicy.combine` take ``available``, the models that can answer now (the caller
+knows which have a connected replica; a policy does not). A policy then behaves as if only
+those models were linked: it draws among them (a one-model policy's probabilities renormalised
+over them), asks only them (an ensemble), and normalises an ensemble's confidence over them. The
+state is neither read differently nor changed: a model that is back is drawn again with what it
+had learned. ``None``, or a set that names none of the policy's models (nothing can answer:
+the caller reports that), means all of them, which is exactly the behaviour without it.
+
 Losses given to ``observe`` are clipped to [0, 1]: the bandit update rules and their regret bounds
 assume bounded losses, and the losses of :mod:`clipper.selection.losses` are normalised to it.
 """
@@ -20,7 +29,7 @@ import math
 import numbers
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -103,12 +112,18 @@ class SelectionPolicy(ABC):
         """A fresh state: nothing learned yet."""
 
     @abstractmethod
-    def select(self, state: State, rng: random.Random) -> list[str]:
-        """The models to evaluate for one query: a non-empty subset of ``models``, in order."""
+    def select(
+        self, state: State, rng: random.Random, available: Collection[str] | None = None
+    ) -> list[str]:
+        """The models to evaluate for one query: a non-empty subset of ``models``, in order,
+        drawn only from ``available`` (see the module docstring; None: all)."""
 
     @abstractmethod
-    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+    def combine(
+        self, state: State, outputs: Mapping[str, Any], available: Collection[str] | None = None
+    ) -> Combined:
         """Combine the outputs that arrived (model -> output); stragglers are simply absent.
+        ``available``: what :meth:`select` was given (an ensemble's confidence is over those).
 
         Raises ValueError if no output comes from one of ``models`` (the caller broke the
         contract: outputs must be a non-empty subset of what :meth:`select` chose)."""
@@ -139,9 +154,12 @@ class SelectionPolicy(ABC):
     (the policy's ``feedback`` parameter is ``"bandit"``); False when feedback joins the label
     with every linked model's output (``"full"``, or a policy that evaluates them all)."""
 
-    def draw_probability(self, state: State, model: str) -> float | None:
-        """The probability that :meth:`select` draws ``model`` from ``state``, for policies that
-        importance-weight bandit feedback by it; None for the others."""
+    def draw_probability(
+        self, state: State, model: str, available: Collection[str] | None = None
+    ) -> float | None:
+        """The probability that :meth:`select` draws ``model`` from ``state`` among
+        ``available``, for policies that importance-weight bandit feedback by it; None for the
+        others."""
         return None
 
     # --- helpers for subclasses ---------------------------------------------------------------
@@ -192,6 +210,13 @@ class SelectionPolicy(ABC):
     def _feedback_mode(self, params: Mapping[str, Any]) -> None:
         """The ``feedback`` parameter of the one-model policies (default ``"bandit"``)."""
         self.bandit_feedback = self._choice(params, "feedback", "bandit", FEEDBACK) == "bandit"
+
+    def _available(self, available: Collection[str] | None) -> tuple[str, ...]:
+        """The models to choose among: those of ``models`` in ``available``, in order; all of
+        them when ``available`` is None or names none of them."""
+        if available is None:
+            return self.models
+        return tuple(m for m in self.models if m in available) or self.models
 
     def _answered(self, outputs: Mapping[str, Any]) -> list[str]:
         """The models of this policy that have an output, in the policy's order."""

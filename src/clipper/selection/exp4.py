@@ -11,13 +11,19 @@ Confidence is the total weight, normalised over *all* linked models, of the mode
 the answer (for a mean: whose output is within ``tolerance`` of it, relative to its magnitude).
 So a straggler's missing output can only lower confidence, as in the paper, and a caller can fall
 back to a default answer below a threshold (5 equal models: "4 agree" is 0.8).
+
+Models that are not ``available`` (no connected replica, as the caller knows) are not asked and
+are not stragglers: the weights and the confidence are normalised over the available models, as
+if only they were linked. A replica's restart thus does not turn answers into low-confidence
+defaults; the confidence is the agreement among the models that could answer (a lone available
+model answers with confidence 1).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from clipper.selection.base import (
@@ -66,17 +72,24 @@ class Exp4(SelectionPolicy):
     def init_state(self) -> State:
         return {"log_w": dict.fromkeys(self.models, 0.0), "n": 0}
 
-    def weights(self, state: State) -> dict[str, float]:
-        """Each model's weight, normalised over all linked models."""
-        w = normalised([read(state, "log_w", m, 0.0) for m in self.models])
-        return dict(zip(self.models, w, strict=True))
+    def weights(self, state: State, available: Collection[str] | None = None) -> dict[str, float]:
+        """Each available model's weight, normalised over them (None: all linked models)."""
+        models = self._available(available)
+        w = normalised([read(state, "log_w", m, 0.0) for m in models])
+        return dict(zip(models, w, strict=True))
 
-    def select(self, state: State, rng: random.Random) -> list[str]:
-        return list(self.models)
+    def select(
+        self, state: State, rng: random.Random, available: Collection[str] | None = None
+    ) -> list[str]:
+        return list(self._available(available))
 
-    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+    def combine(
+        self, state: State, outputs: Mapping[str, Any], available: Collection[str] | None = None
+    ) -> Combined:
         arrived = self._answered_or_raise(outputs)
-        weights = self.weights(state)
+        weights = self.weights(state, available)
+        if any(m not in weights for m in arrived):  # outputs of models said not to be available
+            weights = self.weights(state, [*weights, *arrived])
         values = [outputs[m] for m in arrived]
         if all(is_number(v) for v in values) and not all(is_integer(v) for v in values):
             return self._mean(arrived, [float(v) for v in values], weights)

@@ -1,9 +1,10 @@
-"""``single``: always the first linked model (the original Clipper's default; no learning)."""
+"""``single``: always the first linked model (the original Clipper's default; no learning); the
+first available one when the caller says which are (see :mod:`clipper.selection.base`)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from clipper.selection.base import Combined, Loss, SelectionPolicy, State, count_feedback
@@ -21,10 +22,14 @@ class SingleModel(SelectionPolicy):
     def init_state(self) -> State:
         return {"n": 0}
 
-    def select(self, state: State, rng: random.Random) -> list[str]:
-        return [self.models[0]]
+    def select(
+        self, state: State, rng: random.Random, available: Collection[str] | None = None
+    ) -> list[str]:
+        return [self._available(available)[0]]
 
-    def combine(self, state: State, outputs: Mapping[str, Any]) -> Combined:
+    def combine(
+        self, state: State, outputs: Mapping[str, Any], available: Collection[str] | None = None
+    ) -> Combined:
         return self._combine_one(outputs)
 
     def observe(
