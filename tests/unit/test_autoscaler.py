@@ -311,26 +311,38 @@ async def test_shedding_and_lateness_from_the_models_queue_scale_up_at_once() ->
     assert h.metric("clipper_autoscale_last_decision", reason="shedding") == 1.0
 
 
-def stub_replicas(*rps: float) -> list[StubReplica]:
-    return [StubReplica(linear_controller(1 / r)) for r in rps]
+def affine_controller(per_batch_s: float, per_input_s: float) -> AIMDController:
+    c = AIMDController(0.1)
+    for n in range(1, 9):
+        for _ in range(4):
+            c.observe(n, per_batch_s + per_input_s * n)
+    return c
 
 
 def trace(n: int) -> list[StubReplica]:
-    """The measured flap: two replicas read 48 and 50/s, the one left 40/s."""
-    return stub_replicas(48.0, 50.0) if n >= 2 else stub_replicas(40.0)
+    """The measured flap's shape: two replicas whose lines promise a batching gain (9 ms a
+    batch and 16 ms an input: 4 inputs, the most the controller's cap lets the line be read
+    at, in 73 ms, 54.8/s; 40/s one at a time), and the one left after a scale-down seeing
+    batches of one only (40/s, no batching gain)."""
+    if n >= 2:
+        return [StubReplica(affine_controller(0.009, 0.016)) for _ in range(n)]
+    return [StubReplica(linear_controller(0.025, range(1, 2)))]
 
 
 async def test_a_constant_load_at_the_measured_flap_keeps_two_replicas() -> None:
-    # 30/s over two at 49/s is 0.61 per replica at one fewer: the old rule (mean capacity,
+    # 30/s over two at 54.8/s is 0.55 per replica at one fewer: the old rule (that capacity,
     # 0.63 bound) took one away, and the one left, at 40/s, ran at 0.75 and scaled back up.
     h = Harness(version(min_replicas=1, up_window_s=5.0, down_window_s=15.0))
     h.registry.set_num_replicas("m", "1", 2)
     await h.run(300, 30, replicas=trace)  # twenty down windows
     assert h.control.calls == []
     assert h.replicas == 2
-    assert h.metric("clipper_autoscale_worst_replica_capacity_rps") == pytest.approx(48.0)
+    assert h.metric("clipper_autoscale_replica_capacity_rps") == pytest.approx(4 / 0.073)
+    # priced at 0.8 x 54.8 = 43.8/s (more than the 40/s one at a time): 30/s is 0.68
+    down = 0.8 * 4 / 0.073
+    assert h.metric("clipper_autoscale_scale_down_capacity_rps") == pytest.approx(down)
     status = h.autoscaler.status("m", "1")
-    assert status is not None and "1 replicas would run at 0.62" in str(status["note"])
+    assert status is not None and "1 replicas would run at 0.68" in str(status["note"])
     await h.run(60, 15, replicas=trace)  # the load really drops: one replica is enough
     assert h.control.calls == [("m", "1", 1)] and h.replicas == 1
     await h.run(60, 15, replicas=trace)

@@ -34,7 +34,7 @@ from clipper.runtime.catalog import Catalog
 from clipper.runtime.control import Control
 from clipper.runtime.scale_policy import Decision, Sample, ScalePolicy
 
-__all__ = ["Autoscaler", "replica_capacities", "replica_capacity"]
+__all__ = ["Autoscaler", "replica_capacities", "replica_capacity", "replica_figures"]
 
 log = logging.getLogger("clipper.autoscaler")
 
@@ -54,6 +54,11 @@ def replica_capacity(sched: ModelScheduler) -> float:
 
 
 def replica_capacities(sched: ModelScheduler) -> list[float]:
+    """Each measured replica's capacity within the SLO (see :func:`replica_figures`)."""
+    return [cap for cap, _ in replica_figures(sched)]
+
+
+def replica_figures(sched: ModelScheduler) -> list[tuple[float, float]]:
     """Inputs per second each replica with measurements takes in batches whose latency fits
     the SLO: the largest batch whose typical latency (its controller's central estimate) is
     within the latency target the controllers aim at (the SLO times ``target_fraction``),
@@ -64,14 +69,17 @@ def replica_capacities(sched: ModelScheduler) -> list[float]:
     controller allows now: fitted on small batches, a slope flattened by one slow outlier
     would otherwise promise thousands of inputs per batch. Under light load that errs low (a
     model that batches well is credited with less than it could do); as the load grows the
-    controller's cap grows with it, and so does the estimate."""
+    controller's cap grows with it, and so does the estimate.
+
+    Each with what the replica does one input at a time (no batching gain): what a
+    scale-down is priced at no less than."""
     b = sched.mv.batching
     target = sched.slo_s * b.target_fraction
     if b.max_batch_size is not None:
         hard = b.max_batch_size
     else:
         hard = int(b.params.get("max_size", _DEFAULT_MAX_BATCH))
-    caps: list[float] = []
+    caps: list[tuple[float, float]] = []
     for r in sched.replicas:
         c = r.controller
         if c is None or r.draining or c.typical_latency(1) <= 0.0:
@@ -86,7 +94,7 @@ def replica_capacities(sched: ModelScheduler) -> list[float]:
                 hi = mid - 1
         latency = c.typical_latency(lo)
         if latency > 0.0:
-            caps.append(lo / latency)
+            caps.append((lo / latency, 1.0 / c.typical_latency(1)))
     return caps
 
 
@@ -125,8 +133,9 @@ class _Metrics:
             registry=registry,
         )
         self.floor = Gauge(
-            "clipper_autoscale_worst_replica_capacity_rps",
-            "The slowest replica's capacity within the SLO (what a scale-down is priced at)",
+            "clipper_autoscale_scale_down_capacity_rps",
+            "What a scale-down prices one replica at: the slowest replica's capacity within "
+            "the SLO less a fifth, never below what it does one input at a time",
             labels,
             registry=registry,
         )
@@ -274,7 +283,8 @@ class Autoscaler:
         if sched is None:
             sample = Sample(now, 0, 0, 0.0, mv.num_replicas)
         else:
-            caps = replica_capacities(sched)
+            figures = replica_figures(sched)
+            caps = [cap for cap, _ in figures]
             sample = Sample(
                 at=now,
                 offered=sched.offered,
@@ -285,6 +295,7 @@ class Autoscaler:
                 replicas=mv.num_replicas,
                 behind=sched.stalled + sched.overran + sched.lag_shed,
                 floor_rps=min(caps, default=0.0),
+                single_rps=min((one for _, one in figures), default=0.0),
             )
         decision = policy.observe(sample)
         m, labels = self._metrics, (mv.name, mv.version)
@@ -371,7 +382,7 @@ class Autoscaler:
         return {
             "offered_rps": round(policy.rate, 3),
             "replica_capacity_rps": round(policy.capacity_rps, 3),
-            "worst_replica_capacity_rps": round(policy.floor_rps, 3),
+            "scale_down_capacity_rps": round(policy.floor_rps, 3),
             "utilization": None if util is None else round(util, 4),
             "frontend_behind_ratio": round(policy.behind_share, 4),
             "scaling": key in self._actions,

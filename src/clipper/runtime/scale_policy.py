@@ -15,19 +15,21 @@ rule (docs/autoscaling.md):
   when more than ``shed_threshold`` of the up window's queries were shed or late (not counting
   the first half up window after a change: what was queued before it may still come late);
 * **down**, one replica, once at every interval of a whole down window since the last change
-  one replica fewer would still have run under the target less a fifth (:data:`DOWN_HEADROOM`)
-  *at the worst replica's capacity*, no more than ``shed_threshold`` was shed or late, and, if
-  that smaller count was once left by scaling up, the load is a fifth below the rate it was
-  left at;
+  one replica fewer would still have run under the target less a tenth (:data:`DOWN_HEADROOM`)
+  at a conservative per-replica capacity (the worst replica's, less a fifth, never below
+  what it does one input at a time: :data:`DOWN_BATCHING_TRUST`), no more than
+  ``shed_threshold`` was shed or late, and, if that smaller count was once left by scaling
+  up, the load is a tenth below the rate it was left at;
 * always within ``[min_replicas, max_replicas]``.
 
 Why the count does not oscillate: the capacity estimate is the controllers' latency lines read
 at the batch sizes they see, so it moves with the count (the batches change) and with which
 replica is kept — at a constant 30 queries/s two replicas measured 48-50/s each, and the one
 left after a scale-down about 40/s, enough to scale back up. So a scale-down is priced at the
-worst replica's capacity with a fifth to spare, and a count left by scaling up is only
-returned to once the load is a fifth below what it was left at: at a constant load, the count a
-scale-up reached is never taken back, whatever the capacity reads at either count.
+worst replica's capacity less a fifth, never below what it does one input at a time, and a
+count left by scaling up is only returned to once the load is a tenth below what it was left
+at: at a constant load, the count a scale-up reached is never taken back, whatever the
+capacity reads at either count.
 """
 
 from __future__ import annotations
@@ -43,11 +45,14 @@ __all__ = ["Decision", "Sample", "ScalePolicy"]
 # Shed or late queries needed before their share counts: one unlucky query out of fifty is
 # noise, not overload.
 MIN_BAD_QUERIES = 3
-# Down only when one replica fewer would run at most this far under the target (at the worst
-# replica's capacity), and to a count once left by scaling up only when the load is this far
-# below the rate it was left at. A fifth: the capacity estimate moves by up to that much with
-# the batch mix when the count changes (a tenth let a constant load flap 2 -> 1 -> 2).
-DOWN_HEADROOM = 0.2
+# Down only when one replica fewer would run at most this far under the target, and to a
+# count once left by scaling up only when the load is this far below the rate it was left at.
+DOWN_HEADROOM = 0.1
+# A scale-down is priced at the worst replica's capacity, but not above the larger of what it
+# does one input at a time (that needs no batching gain) and this share of the estimate: the
+# gain from batching is read off the batches the larger count saw, and the one left after a
+# scale-down measured 40/s where the pair had read 48 and 50 (at 30/s: 0.75, back up).
+DOWN_BATCHING_TRUST = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,8 @@ class Sample:
     # behind, or a round trip alone overran (total; never demand).
     behind: int = 0
     floor_rps: float = 0.0  # the worst replica's capacity (0.0: take capacity_rps)
+    # the worst replica's capacity one input at a time, without batching (0.0: floor_rps)
+    single_rps: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +85,7 @@ class _Interval:
     bad: int
     behind: int
     capacity: float  # one replica's, as sampled at its end (0.0: not known)
-    floor: float  # the worst replica's, as sampled at its end (0.0: not known)
+    floor: float  # what a scale-down prices one replica at, sampled at its end (0.0: unknown)
     # Over the half up window ending here: arrivals/s, and that over the mean capacity (how
     # many replicas running flat out the load needs; 0.0 while the capacity is not known);
     # and over the worst replica's (what a scale-down is priced with).
@@ -95,7 +102,7 @@ class ScalePolicy:
         self._burst = 0.0  # the rate since shedding began, at the last shedding decision
         self._since = start
         self.capacity_rps = 0.0  # smoothed as the rate is; kept while no replica has data
-        self.floor_rps = 0.0  # the worst replica's, smoothed the same way
+        self.floor_rps = 0.0  # what a scale-down prices one replica at, smoothed the same way
         self.rate = 0.0  # arrivals/s over the last half up window
         self.utilization: float | None = None  # at the current count; None: not known
         self.note = "collecting samples"  # why nothing changes, for status
@@ -219,7 +226,8 @@ class ScalePolicy:
             self.note = f"at min_replicas ({cfg.min_replicas})"
             return None
         window = self._window(at, cfg.down_window_s)
-        # Priced at the worst replica's capacity: the one that stays may be the slower one.
+        # Priced at the worst replica's capacity (the one that stays may be the slower one),
+        # less a fifth but never below one input at a time (DOWN_BATCHING_TRUST).
         known = [i.floor_demand for i in window if i.floor_demand > 0.0 or i.floor > 0.0]
         peak = max(known, default=math.inf) / (n - 1)
         offered = sum(i.offered for i in window)
@@ -233,7 +241,7 @@ class ScalePolicy:
         if left_at is not None and rate >= (1.0 - DOWN_HEADROOM) * left_at:
             self.note = (
                 f"steady: {n - 1} replicas would run at {peak:.2f}, but were too few at "
-                f"{left_at:.1f}/s; the load ({rate:.1f}/s) is not a fifth below that"
+                f"{left_at:.1f}/s; the load ({rate:.1f}/s) is not a tenth below that"
             )
             return None
         elapsed = at - self._since
@@ -247,8 +255,8 @@ class ScalePolicy:
             n - 1,
             "quiet",
             f"utilization with {n - 1} replicas at most {peak:.2f} < {ceiling:.2f} (the "
-            f"target less {DOWN_HEADROOM:.0%}, at the worst replica's "
-            f"{self.floor_rps:.1f}/s) for {cfg.down_window_s:g} s",
+            f"target less {DOWN_HEADROOM:.0%}, at {self.floor_rps:.1f}/s per replica) for "
+            f"{cfg.down_window_s:g} s",
         )
 
     def _needed(self, demand: float) -> int:
@@ -267,7 +275,9 @@ class ScalePolicy:
         d_bad = s.bad - bad if s.bad >= bad else s.bad
         d_behind = s.behind - behind if s.behind >= behind else s.behind
         capacity = max(s.capacity_rps, 0.0)
-        floor = min(s.floor_rps, capacity) if s.floor_rps > 0.0 else capacity
+        worst = min(s.floor_rps, capacity) if s.floor_rps > 0.0 else capacity
+        single = min(s.single_rps, worst) if s.single_rps > 0.0 else worst
+        floor = max(single, DOWN_BATCHING_TRUST * worst)
         keep = max(cfg.up_window_s, cfg.down_window_s)
         while self._intervals and self._intervals[0].end <= s.at - keep:
             self._intervals.popleft()
