@@ -124,7 +124,7 @@ async def test_replica_killed_under_load_loses_no_query_and_is_restarted() -> No
             # The process serving it, tied to the connection by its slot token.
             proc = next(p for p in c.manager.replicas("steady", "1") if p.token == replica.address)
             assert proc.pid is not None
-            lost = sum(len(tasks) for tasks, _ in replica.in_flight.values())
+            lost = sum(len(tasks) for tasks, *_ in replica.in_flight.values())
             killed.append((proc, proc.pid, replica, lost))
             os.kill(proc.pid, signal.SIGKILL)
 

@@ -5,6 +5,7 @@ write side for, and what it shows (metrics, status). A stand-in write side recor
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
 
@@ -41,6 +42,7 @@ class StubScheduler:
         self.slo_s = slo_s
         self.replicas: list[StubReplica] = []
         self.offered = self.shed = self.late = 0
+        self.stalled = self.overran = self.lag_shed = 0
 
 
 class RecordingControl:
@@ -106,10 +108,23 @@ class Harness:
             metrics_registry=self.metrics,
         )
 
-    async def run(self, seconds: float, rps: float) -> None:
-        """Offer ``rps`` for ``seconds``, one autoscaler pass per interval."""
+    async def run(
+        self,
+        seconds: float,
+        rps: float,
+        *,
+        every: Callable[[StubScheduler], None] | None = None,
+        replicas: Callable[[int], list[StubReplica]] | None = None,
+    ) -> None:
+        """Offer ``rps`` for ``seconds``, one autoscaler pass per interval; ``every`` adds to
+        the scheduler's counters each interval, ``replicas`` gives the replicas (and so the
+        capacities) the scheduler has at a count."""
         for _ in range(round(seconds / INTERVAL)):
             self.sched.offered += round(rps * INTERVAL)
+            if every is not None:
+                every(self.sched)
+            if replicas is not None:
+                self.sched.replicas = replicas(self.replicas)
             self.clock.advance(INTERVAL)
             self.autoscaler.tick()
             for _ in range(3):  # let a decision's scale call finish
@@ -260,3 +275,75 @@ async def test_the_owned_loop_runs_on_the_clock_and_stops() -> None:
     h.clock.advance(60.0)
     await asyncio.sleep(0)
     assert len(h.control.calls) == 1  # stopped: nothing more happens
+
+
+async def test_the_frontends_own_lag_does_not_scale_up_and_says_so() -> None:
+    # One sequential client at 0.12 of a replica, and the loop behind (a browser on the same
+    # cores): queries shed before admission for lag, expired while the replica sat free, or
+    # a round trip that alone overran. More replicas on those cores would only add to the lag.
+    h = Harness(version())
+
+    def lagging(s: StubScheduler) -> None:
+        s.offered += 2  # the lag-shed ones are offered load too
+        s.lag_shed += 2
+        s.stalled += 1
+        s.overran += 1
+
+    await h.run(40, 10, every=lagging)
+    assert h.control.calls == []
+    status = h.autoscaler.status("m", "1")
+    assert status is not None
+    assert "because the frontend was behind" in str(status["note"])
+    assert status["frontend_behind_ratio"] == pytest.approx(4 / 12, abs=1e-4)
+    assert h.metric("clipper_autoscale_frontend_behind_ratio") == pytest.approx(4 / 12)
+
+
+async def test_shedding_and_lateness_from_the_models_queue_scale_up_at_once() -> None:
+    h = Harness(version(up_window_s=10.0, down_window_s=20.0))
+    await h.run(5, 20)  # 0.2 of a replica: nothing to do
+
+    def queueing(s: StubScheduler) -> None:
+        s.shed += 3  # admission priced the queue past the deadline
+        s.late += 2  # expired waiting for the busy replica
+
+    await h.run(2, 20, every=queueing)  # not the 10 s up window: within two intervals
+    assert h.control.calls == [("m", "1", 2)]
+    assert h.metric("clipper_autoscale_last_decision", reason="shedding") == 1.0
+
+
+def affine_controller(per_batch_s: float, per_input_s: float) -> AIMDController:
+    c = AIMDController(0.1)
+    for n in range(1, 9):
+        for _ in range(4):
+            c.observe(n, per_batch_s + per_input_s * n)
+    return c
+
+
+def trace(n: int) -> list[StubReplica]:
+    """The measured flap's shape: two replicas whose lines promise a batching gain (9 ms a
+    batch and 16 ms an input: 4 inputs, the most the controller's cap lets the line be read
+    at, in 73 ms, 54.8/s; 40/s one at a time), and the one left after a scale-down seeing
+    batches of one only (40/s, no batching gain)."""
+    if n >= 2:
+        return [StubReplica(affine_controller(0.009, 0.016)) for _ in range(n)]
+    return [StubReplica(linear_controller(0.025, range(1, 2)))]
+
+
+async def test_a_constant_load_at_the_measured_flap_keeps_two_replicas() -> None:
+    # 30/s over two at 54.8/s is 0.55 per replica at one fewer: the old rule (that capacity,
+    # 0.63 bound) took one away, and the one left, at 40/s, ran at 0.75 and scaled back up.
+    h = Harness(version(min_replicas=1, up_window_s=5.0, down_window_s=15.0))
+    h.registry.set_num_replicas("m", "1", 2)
+    await h.run(300, 30, replicas=trace)  # twenty down windows
+    assert h.control.calls == []
+    assert h.replicas == 2
+    assert h.metric("clipper_autoscale_replica_capacity_rps") == pytest.approx(4 / 0.073)
+    # priced at 0.8 x 54.8 = 43.8/s (more than the 40/s one at a time): 30/s is 0.68
+    down = 0.8 * 4 / 0.073
+    assert h.metric("clipper_autoscale_scale_down_capacity_rps") == pytest.approx(down)
+    status = h.autoscaler.status("m", "1")
+    assert status is not None and "1 replicas would run at 0.68" in str(status["note"])
+    await h.run(60, 15, replicas=trace)  # the load really drops: one replica is enough
+    assert h.control.calls == [("m", "1", 1)] and h.replicas == 1
+    await h.run(60, 15, replicas=trace)
+    assert len(h.control.calls) == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -39,6 +39,9 @@ class Sim:
     shed_excess: bool = False
     noise: random.Random | None = None
     capacity: float = C
+    # replicas -> (mean, worst, worst one input at a time) per-replica capacity as measured at
+    # that count (None: capacity for all three)
+    measured: Callable[[int], tuple[float, float, float]] | None = None
     t: float = 0.0
     offered: int = 0
     bad: int = 0
@@ -56,9 +59,13 @@ class Sim:
             self.offered += arrivals
             if self.shed_excess:
                 self.bad += max(0, arrivals - int(self.replicas * self.capacity * dt))
-            d = self.policy.observe(
-                Sample(self.t, self.offered, self.bad, self.capacity, self.replicas)
+            mean, worst, single = (
+                self.measured(self.replicas)
+                if self.measured is not None
+                else (self.capacity, self.capacity, self.capacity)
             )
+            sample = Sample(self.t, self.offered, self.bad, mean, self.replicas)
+            d = self.policy.observe(replace(sample, floor_rps=worst, single_rps=single))
             if d is not None:
                 into.decisions.append((self.t, d))
                 self.replicas = d.replicas
@@ -255,3 +262,73 @@ def test_late_answers_just_after_a_change_are_the_backlog_not_a_reason() -> None
     d = policy.observe(Sample(12.0, 1200, 110, C, 3))  # 10 of the last 700 late: > 1%
     assert d is not None and d.reason == "shedding" and d.replicas == 4
     assert d.detail.startswith("10 of 700 queries in the last 7.0 s")
+
+
+def trace_capacities(n: int) -> tuple[float, float, float]:
+    """The measured flap's figures (the trace's model: 5 ms a batch and 20 ms an input, 40/s
+    one at a time): at 30 queries/s two replicas read 48 and 50/s each, and the one left after
+    a scale-down 40/s (so 30/s ran at 0.61 of the pair, scaled down under the 0.63 bound, and
+    at 0.75 of the one, scaled back up)."""
+    return (49.0, 48.0, 40.0) if n >= 2 else (40.0, 40.0, 40.0)
+
+
+def test_a_constant_load_at_the_measured_flap_holds_its_count() -> None:
+    cfg = config(up_window_s=5.0, down_window_s=15.0)  # the trace's windows
+    sim, run = Sim(cfg, replicas=2, measured=trace_capacities), Run()
+    sim.run(40 * cfg.down_window_s, constant(30.0), run)  # forty down windows
+    assert run.decisions == [] and set(run.counts) == {2}
+    # priced at max(40 one at a time, 0.8 x 48): 30/40
+    assert "1 replicas would run at 0.75" in sim.policy.note
+    # ... and with noise on the arrivals
+    for seed in range(3):
+        sim, run = Sim(cfg, replicas=2, measured=trace_capacities, noise=random.Random(seed)), Run()
+        sim.run(40 * cfg.down_window_s, constant(30.0), run)
+        assert run.decisions == [], (seed, run.decisions)
+    # a real drop still scales down, once, and the one replica holds
+    sim, run = Sim(cfg, replicas=2, measured=trace_capacities), Run()
+    sim.run(60, constant(30.0), run)
+    sim.run(20 * cfg.down_window_s, constant(15.0), run)
+    assert run.changes() == [1] and run.decisions[0][1].reason == "quiet"
+    assert sim.replicas == 1
+
+
+def test_a_count_left_by_scaling_up_is_not_returned_to_at_the_same_load() -> None:
+    # Two replicas read 60/s each, one input at a time too (30/s would run at 0.5 on one:
+    # under the 0.63 down bound), but one replica read 35/s when 30/s scaled it up (0.86).
+    # Whatever the larger count reads, the rate the smaller one was left at holds it.
+    cfg = config(up_window_s=5.0, down_window_s=15.0)
+
+    def measured(n: int) -> tuple[float, float, float]:
+        return (60.0, 60.0, 60.0) if n >= 2 else (35.0, 35.0, 35.0)
+
+    sim, run = Sim(cfg, replicas=1, measured=measured), Run()
+    sim.run(40 * cfg.down_window_s, constant(30.0), run)
+    assert run.changes() == [2] and run.decisions[0][1].reason == "utilization"
+    assert "were too few at 30.0/s" in sim.policy.note
+    sim.run(10 * cfg.down_window_s, constant(28.0), run)  # a fifteenth less: not a tenth
+    assert run.changes() == [2]
+    sim.run(10 * cfg.down_window_s, constant(20.0), run)  # a third less: a real drop
+    assert run.changes() == [2, 1]
+    assert sim.replicas == 1  # 20/35 = 0.57 < 0.7: and it stays
+
+
+def test_a_scale_down_is_priced_at_the_worst_replica() -> None:
+    # Two replicas at 80 and 40/s (mean 60): one fewer at 30/s is 0.5 of the mean but 0.75
+    # of the slower one, which may be the one kept.
+    cfg = config(up_window_s=5.0, down_window_s=15.0)
+    sim, run = Sim(cfg, replicas=2, measured=lambda n: (60.0, 40.0, 40.0)), Run()
+    sim.run(20 * cfg.down_window_s, constant(30.0), run)
+    assert run.decisions == []
+    sim.run(20 * cfg.down_window_s, constant(20.0), run)  # 0.5 of the slower: down
+    assert run.changes() == [1]
+
+
+def test_the_batching_gain_is_trusted_in_part_but_one_at_a_time_in_full() -> None:
+    # A model that batches well: 1000/s one at a time, 10,000/s in batches. Down is priced at
+    # 8,000/s (a fifth of the gain held back), not at 1,000/s: it still comes down.
+    cfg = config(up_window_s=5.0, down_window_s=15.0)
+    sim, run = Sim(cfg, replicas=3, measured=lambda n: (10_000.0, 10_000.0, 1000.0)), Run()
+    sim.run(20 * cfg.down_window_s, constant(2 * 0.62 * 8000), run)  # 0.62 at 2: down to 2
+    assert run.changes() == [2]
+    sim.run(20 * cfg.down_window_s, constant(2 * 0.62 * 8000), run)  # 1.24 at 1: stays
+    assert run.changes() == [2]

@@ -278,7 +278,7 @@ async def test_removed_replica_requeues_its_batches_to_the_other(harness_factory
     r0 = h.replica()
     h.submit(b"a", b"b")
     assert h.transport.sent[0][0] is r0
-    [(sent, _)] = r0.in_flight.values()
+    [(sent, _, _)] = r0.in_flight.values()
     r1 = h.replica()
     assert len(h.transport.sent) == 1  # nothing else to send
 
@@ -287,7 +287,7 @@ async def test_removed_replica_requeues_its_batches_to_the_other(harness_factory
     assert r0.in_flight == {}
     assert h.transport.sent[1][0] is r1
     assert h.transport.payloads(1) == [b"a", b"b"]
-    [(resent, _)] = r1.in_flight.values()
+    [(resent, _, _)] = r1.in_flight.values()
     assert resent == sent  # the same tasks, deadlines kept
 
     h.respond(0, outputs=[b"stale", b"stale"])  # the dead replica's late answer is ignored
@@ -536,7 +536,7 @@ async def test_no_probe_while_admission_still_admits_a_share(
 
 def sent_at(r: Replica) -> list[float]:
     """When each batch in flight on ``r`` was sent (the scheduler's clock at dispatch)."""
-    return [at for _, at in r.in_flight.values()]
+    return [at for _, at, _ in r.in_flight.values()]
 
 
 def test_a_partial_batch_goes_exactly_when_the_wait_elapses(harness_factory: Any) -> None:
@@ -627,3 +627,48 @@ def test_a_drain_completes_when_the_in_flight_batches_come_back(harness_factory:
     assert drained == [1, 0] and r0.drained.is_set()
     assert [h.results.value(p) for p in (b"a", b"c")] == [b"A", b"C"]
     assert h.clock.pending() == 0  # nothing left armed that a drain would wait on
+
+
+def test_expiries_count_as_demand_only_while_every_replica_was_busy(
+    harness_factory: Any,
+) -> None:
+    # What the autoscaler samples: an input that expired waiting for a busy replica is the
+    # model's queue (``late``); one that expired while a replica sat free is the loop's delay
+    # (``stalled``): more replicas would not have taken it sooner.
+    h = harness_factory(batching=fixed(1))
+    h.replica()
+    h.submit(b"a", b"b", slo_s=0.1)  # b waits behind a on the only replica
+    h.clock.advance(0.2)
+    h.respond(0)  # the answer pumps: b expired while the replica was busy
+    assert isinstance(h.results.error(b"b"), DeadlineExceeded)
+    assert (h.sched.late, h.sched.stalled, h.sched.overran) == (1, 0, 1)  # and a overran
+    h.clock.advance(1.0)  # the replica has been free for a second
+    h.submit(b"c", slo_s=0.1, pump=False)  # queued, but the loop does not get to pump it
+    h.clock.advance(0.2)
+    h.sched.pump()
+    assert isinstance(h.results.error(b"c"), DeadlineExceeded)
+    assert (h.sched.late, h.sched.stalled, h.sched.overran) == (1, 1, 1)
+    assert h.sched.shed == 0 and h.sched.offered == 3
+
+
+def test_late_answers_count_as_demand_only_when_the_wait_for_a_busy_replica_made_them_late(
+    harness_factory: Any,
+) -> None:
+    h = harness_factory(batching=fixed(1))
+    h.replica()
+    # The round trip alone overran: sent at once to a free replica, answered after its SLO.
+    h.submit(b"slow", slo_s=0.1)
+    h.clock.advance(0.15)
+    h.respond(0)
+    assert (h.sched.late, h.sched.overran) == (0, 1)
+    # Queued behind a busy replica for 80 ms of its 100: answered 30 ms later, past the
+    # deadline, which it would have made without the wait: the queue made it late.
+    h.submit(b"first", slo_s=1.0)
+    h.submit(b"queued", slo_s=0.1)
+    h.clock.advance(0.08)
+    h.respond(1)  # frees the replica: "queued" goes now
+    assert h.transport.payloads(2) == [b"queued"]
+    h.clock.advance(0.03)
+    h.respond(2)
+    assert h.results.value(b"queued") == b"QUEUED"
+    assert (h.sched.late, h.sched.overran) == (1, 1)

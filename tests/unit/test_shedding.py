@@ -121,6 +121,10 @@ def test_a_loop_too_far_behind_sheds_at_once_with_the_reason(
         in (doc["default_explanation"])
     )
     assert f.clock.pending() == 0
+    # For the autoscaler: offered load, shed by the frontend's lag, not by the model's queue.
+    sched = f.replicas["m"].scheduler
+    assert sched is not None
+    assert (sched.offered, sched.lag_shed, sched.shed, sched.late) == (1, 1, 0, 0)
 
 
 def test_lag_that_still_leaves_time_queues(frontends: list[Frontend]) -> None:  # noqa: F811

@@ -41,6 +41,7 @@ class Replica:
         "controller",
         "drained",
         "draining",
+        "free_since",
         "in_flight",
         "latency_metric",
         "link",
@@ -50,13 +51,17 @@ class Replica:
     def __init__(self, link: Connection[Replica]) -> None:
         self.link = link
         link.peer = self
-        self.in_flight: dict[int, tuple[list[Task], float]] = {}
+        # message id -> (its tasks, when it was sent, since when a replica had been free then)
+        self.in_flight: dict[int, tuple[list[Task], float, float]] = {}
         self.scheduler: ModelScheduler | None = None
         self.controller: BatchController | None = None
         self.latency_metric: Any = None
         # Being stopped on purpose: gets no new batches, its in-flight ones still come back.
         self.draining = False
         self.drained: asyncio.Event | None = None
+        # Since when it has had a free batch slot (set when it joins and when a full one
+        # answers): what tells a task's wait for a busy replica from the loop's own delay.
+        self.free_since = 0.0
 
     @property
     def identity(self) -> bytes:
@@ -146,11 +151,20 @@ class ModelScheduler:
         self.on_replicas_changed = on_replicas_changed
         # Called after each answered batch while a retiring version drains.
         self.on_drained: Callable[[], None] | None = None
-        # What the autoscaler samples (running totals): inputs offered to the queue, shed at
-        # admission, and expired or answered after their deadline.
+        # What the autoscaler samples (running totals of inputs). Demand, what the model's own
+        # queue caused: ``shed`` at admission (queue full, or the work queued ahead priced past
+        # the deadline), ``late`` (expired while every replica was busy, or answered late
+        # because of its wait for a busy replica). Not demand, what more replicas would not
+        # fix: ``stalled`` (expired while a replica was free: the loop did not get to it),
+        # ``overran`` (answered late even without any wait for a busy replica: the round trip
+        # itself), ``lag_shed`` (shed before admission because the frontend was behind; the
+        # query runner counts them, and counts them in ``offered`` too: they are load).
         self.offered = 0
         self.shed = 0
         self.late = 0
+        self.stalled = 0
+        self.overran = 0
+        self.lag_shed = 0
         # Probing (see _probe): admission lets everything in until _probe_until.
         self.probes = 0
         self._probe_until = float("-inf")
@@ -172,6 +186,7 @@ class ModelScheduler:
     def add_replica(self, replica: Replica) -> None:
         replica.scheduler = self
         replica.controller = self._new_controller()
+        replica.free_since = self.clock.now()
         replica.latency_metric = self._metrics.replica_latency.labels(
             model=self.mv.name, version=self.mv.version, replica=str(replica.replica_id)
         )
@@ -194,7 +209,7 @@ class ModelScheduler:
             self.cache.forget_producer(replica)
         self._replica_gauge.set(len(self.replicas))
         self._metrics.forget_replica(self.mv.name, self.mv.version, str(replica.replica_id))
-        for tasks, _ in replica.in_flight.values():
+        for tasks, _, _ in replica.in_flight.values():
             self.queue.requeue(tasks)
         replica.in_flight.clear()
         self._update_capacity()
@@ -313,7 +328,7 @@ class ModelScheduler:
                 return 0.0
             c = r.controller
             assert c is not None
-            for tasks, sent_at in r.in_flight.values():
+            for tasks, sent_at, _ in r.in_flight.values():
                 best = min(best, max(c.typical_latency(len(tasks)) - (now - sent_at), 0.0))
         return 0.0 if best == float("inf") else best
 
@@ -358,6 +373,15 @@ class ModelScheduler:
                     break
         return best
 
+    def _idle_since(self) -> float:
+        """Since when some replica has had a free batch slot (inf while every one is busy)."""
+        since = float("inf")
+        cap = self._in_flight_cap
+        for r in self.replicas:
+            if len(r.in_flight) < cap and not r.draining and r.free_since < since:
+                since = r.free_since
+        return since
+
     def pump(self) -> None:
         if self.closed:
             return
@@ -367,7 +391,13 @@ class ModelScheduler:
         now = self.clock.now()
         if q.earliest_deadline() <= now:
             expired = q.drop_expired(now)
-            self.late += len(expired)
+            # A replica free since before the deadline would have taken it had the loop run
+            # (a replica answering pumps at once, and a batching wait ends before the deadline):
+            # the frontend was behind, not the model.
+            idle = self._idle_since()
+            stalled = sum(1 for t in expired if idle < t.deadline)
+            self.stalled += stalled
+            self.late += len(expired) - stalled
             for task in expired:
                 self._deliver(
                     task,
@@ -396,6 +426,7 @@ class ModelScheduler:
                 self._arm(now, d.seconds)
                 return
             self._wait.dispatched(d.count)
+            idle = self._idle_since()
             tasks = q.pop(d.count)
             try:
                 msg_id = self.transport.send_batch(
@@ -407,7 +438,7 @@ class ModelScheduler:
                 self.remove_replica(r)
                 del exc
                 return
-            r.in_flight[msg_id] = (tasks, now)
+            r.in_flight[msg_id] = (tasks, now, idle)
             self._batch_size.observe(len(tasks))
         if q:
             # Nobody free: a response will pump again; meanwhile expire what cannot make it.
@@ -438,13 +469,15 @@ class ModelScheduler:
         entry = replica.in_flight.pop(msg_id, None)
         if entry is None:
             return  # a batch we gave up on (replica removed, then answered late)
-        tasks, sent_at = entry
+        tasks, sent_at, idle = entry
+        now = self.clock.now()
+        if len(replica.in_flight) + 1 >= self._in_flight_cap:
+            replica.free_since = now  # it was full: free from now on
         if replica.drained is not None and not replica.in_flight:
             replica.drained.set()
-        now = self.clock.now()
         latency = now - sent_at
         if tasks[0].deadline < now:  # a batch leaves the queue earliest deadline first
-            self.late += sum(1 for t in tasks if t.deadline < now)
+            self._count_late(tasks, now, idle)
         c = replica.controller
         assert c is not None
         c.observe(len(tasks), latency)
@@ -471,6 +504,18 @@ class ModelScheduler:
         if self.on_drained is not None:
             self.on_drained()
 
+    def _count_late(self, tasks: list[Task], now: float, idle: float) -> None:
+        """Count the batch's inputs answered after their deadline: ``late`` (demand) when
+        their wait for a busy replica (from when it was queued until ``idle``, since when a
+        replica had been free as the batch was sent) is what made them late, ``overran``
+        when they would have been late without it."""
+        for t in tasks:
+            if t.deadline < now:
+                if now - max(idle - t.enqueued_at, 0.0) <= t.deadline:
+                    self.late += 1
+                else:
+                    self.overran += 1
+
     def _deliver(self, task: Task, value: object, err: BaseException | None) -> None:
         if task.key is not None:
             if err is None:
@@ -488,7 +533,7 @@ class ModelScheduler:
             self._timer = None
         tasks = self.queue.pop(len(self.queue))
         for r in self.replicas:
-            for batch, _ in r.in_flight.values():
+            for batch, _, _ in r.in_flight.values():
                 tasks.extend(batch)
             r.in_flight.clear()
             r.scheduler = None

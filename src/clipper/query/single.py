@@ -232,7 +232,10 @@ class SingleRunner:
         cause = self._behind(t0, q.deadline - app.answer_margin_s, sched)
         if cause is not None:
             # Queued, it would only be answered late by the deadline timer (itself late by the
-            # loop's lag) and take a batch slot from queries that can still make it.
+            # loop's lag) and take a batch slot from queries that can still make it. Counted
+            # for the autoscaler as offered load, and as the frontend's shedding, not demand.
+            sched.offered += q.n
+            sched.lag_shed += q.n
             err = OverloadedError(cause)
             for i in range(q.n):
                 q.fill(i, None, err)

@@ -1,9 +1,11 @@
 """Drives the replica count of autoscaled model versions towards their SLO.
 
 One owned task per frontend (started and stopped by the server's exit stack) wakes on the
-injected clock, samples each version this frontend drives — the arrivals and the shed or late
-inputs its scheduler counted, and the capacity its replicas' batching controllers say fits the
-SLO — feeds its :class:`~clipper.runtime.scale_policy.ScalePolicy`, and carries a decision out
+injected clock, samples each version this frontend drives — the arrivals, the shed or late
+inputs its scheduler counted (those the model's queue caused, the demand, apart from those the
+frontend's own lag caused, which more replicas on the same cores would only make worse), and
+the capacity its replicas' batching controllers say fits the SLO (their mean and the worst) —
+feeds its :class:`~clipper.runtime.scale_policy.ScalePolicy`, and carries a decision out
 through the write side (:meth:`Control.scale`: committed to the store, then realised by the
 reconciler through the container manager, which drains a replica before it stops it). So it is
 engine-agnostic: it only ever asks for a replica count.
@@ -32,7 +34,7 @@ from clipper.runtime.catalog import Catalog
 from clipper.runtime.control import Control
 from clipper.runtime.scale_policy import Decision, Sample, ScalePolicy
 
-__all__ = ["Autoscaler", "replica_capacity"]
+__all__ = ["Autoscaler", "replica_capacities", "replica_capacity", "replica_figures"]
 
 log = logging.getLogger("clipper.autoscaler")
 
@@ -45,25 +47,39 @@ EXTRAPOLATION = 4
 
 
 def replica_capacity(sched: ModelScheduler) -> float:
-    """Inputs per second one replica takes in batches whose latency fits the SLO: per
-    replica, the largest batch whose typical latency (its controller's central estimate) is
+    """Inputs per second one replica takes in batches whose latency fits the SLO: the mean of
+    :func:`replica_capacities` (0.0 while no replica has measurements)."""
+    caps = replica_capacities(sched)
+    return sum(caps) / len(caps) if caps else 0.0
+
+
+def replica_capacities(sched: ModelScheduler) -> list[float]:
+    """Each measured replica's capacity within the SLO (see :func:`replica_figures`)."""
+    return [cap for cap, _ in replica_figures(sched)]
+
+
+def replica_figures(sched: ModelScheduler) -> list[tuple[float, float]]:
+    """Inputs per second each replica with measurements takes in batches whose latency fits
+    the SLO: the largest batch whose typical latency (its controller's central estimate) is
     within the latency target the controllers aim at (the SLO times ``target_fraction``),
-    divided by that latency; averaged over the replicas that have measurements (0.0 while
-    none has). The central estimate, not the upper one the dispatcher uses: capacity is a
-    throughput, and the upper one swings with every noisy batch.
+    divided by that latency. The central estimate, not the upper one the dispatcher uses:
+    capacity is a throughput, and the upper one swings with every noisy batch.
 
     The latency line is trusted up to :data:`EXTRAPOLATION` times the batch size the
     controller allows now: fitted on small batches, a slope flattened by one slow outlier
     would otherwise promise thousands of inputs per batch. Under light load that errs low (a
     model that batches well is credited with less than it could do); as the load grows the
-    controller's cap grows with it, and so does the estimate."""
+    controller's cap grows with it, and so does the estimate.
+
+    Each with what the replica does one input at a time (no batching gain): what a
+    scale-down is priced at no less than."""
     b = sched.mv.batching
     target = sched.slo_s * b.target_fraction
     if b.max_batch_size is not None:
         hard = b.max_batch_size
     else:
         hard = int(b.params.get("max_size", _DEFAULT_MAX_BATCH))
-    caps: list[float] = []
+    caps: list[tuple[float, float]] = []
     for r in sched.replicas:
         c = r.controller
         if c is None or r.draining or c.typical_latency(1) <= 0.0:
@@ -78,8 +94,8 @@ def replica_capacity(sched: ModelScheduler) -> float:
                 hi = mid - 1
         latency = c.typical_latency(lo)
         if latency > 0.0:
-            caps.append(lo / latency)
-    return sum(caps) / len(caps) if caps else 0.0
+            caps.append((lo / latency, 1.0 / c.typical_latency(1)))
+    return caps
 
 
 @dataclass(slots=True)
@@ -116,6 +132,20 @@ class _Metrics:
             labels,
             registry=registry,
         )
+        self.floor = Gauge(
+            "clipper_autoscale_scale_down_capacity_rps",
+            "What a scale-down prices one replica at: the slowest replica's capacity within "
+            "the SLO less a fifth, never below what it does one input at a time",
+            labels,
+            registry=registry,
+        )
+        self.behind = Gauge(
+            "clipper_autoscale_frontend_behind_ratio",
+            "Share of the up window's queries shed or late because the frontend was behind "
+            "(event loop lag, or a round trip that alone overran): not counted as demand",
+            labels,
+            registry=registry,
+        )
         self.decisions = Counter(
             "clipper_autoscale_decisions",
             "Replica count changes asked by the autoscaler, by reason",
@@ -130,7 +160,15 @@ class _Metrics:
         )
 
     def forget(self, model: str, version: str) -> None:
-        for gauge in (self.desired, self.utilization, self.offered, self.capacity):
+        gauges = (
+            self.desired,
+            self.utilization,
+            self.offered,
+            self.capacity,
+            self.floor,
+            self.behind,
+        )
+        for gauge in gauges:
             with contextlib.suppress(KeyError):
                 gauge.remove(model, version)
         by_reason: tuple[Counter | Gauge, ...] = (self.decisions, self.last)
@@ -242,18 +280,30 @@ class Autoscaler:
 
     def _sample(self, mv: ModelVersion, policy: ScalePolicy, now: float) -> None:
         sched = self.catalog.scheduler(*mv.key)
-        sample = Sample(
-            at=now,
-            offered=sched.offered if sched is not None else 0,
-            bad=sched.shed + sched.late if sched is not None else 0,
-            capacity_rps=replica_capacity(sched) if sched is not None else 0.0,
-            replicas=mv.num_replicas,
-        )
+        if sched is None:
+            sample = Sample(now, 0, 0, 0.0, mv.num_replicas)
+        else:
+            figures = replica_figures(sched)
+            caps = [cap for cap, _ in figures]
+            sample = Sample(
+                at=now,
+                offered=sched.offered,
+                # Demand: what the model's queue caused. The frontend's own lag is not: more
+                # replicas on the same cores would only make it worse.
+                bad=sched.shed + sched.late,
+                capacity_rps=sum(caps) / len(caps) if caps else 0.0,
+                replicas=mv.num_replicas,
+                behind=sched.stalled + sched.overran + sched.lag_shed,
+                floor_rps=min(caps, default=0.0),
+                single_rps=min((one for _, one in figures), default=0.0),
+            )
         decision = policy.observe(sample)
         m, labels = self._metrics, (mv.name, mv.version)
         m.desired.labels(*labels).set(mv.num_replicas)
         m.offered.labels(*labels).set(policy.rate)
         m.capacity.labels(*labels).set(policy.capacity_rps)
+        m.floor.labels(*labels).set(policy.floor_rps)
+        m.behind.labels(*labels).set(policy.behind_share)
         if policy.utilization is not None:
             m.utilization.labels(*labels).set(policy.utilization)
         if decision is None or decision.replicas == mv.num_replicas:
@@ -332,7 +382,9 @@ class Autoscaler:
         return {
             "offered_rps": round(policy.rate, 3),
             "replica_capacity_rps": round(policy.capacity_rps, 3),
+            "scale_down_capacity_rps": round(policy.floor_rps, 3),
             "utilization": None if util is None else round(util, 4),
+            "frontend_behind_ratio": round(policy.behind_share, 4),
             "scaling": key in self._actions,
             "note": policy.note,
             "last_decision": None
