@@ -161,7 +161,12 @@ async def test_health(inproc_frontend: InProcessFrontend, path: str) -> None:
 async def test_ready_lists_the_models_without_replicas(inproc_frontend: InProcessFrontend) -> None:
     for path in ("/ready", "/health/ready"):
         doc = json_of(await inproc_frontend.query.get(path))
-        assert doc == {"ready": True, "models_without_replicas": [], "reasons": []}
+        assert doc == {
+            "ready": True,
+            "models_without_replicas": [],
+            "reasons": [],
+            "draining": False,
+        }
     assert (await inproc_frontend.query.get("/v2/health/ready")).status == 200
     await linked_without_replicas(inproc_frontend)
     for path in ("/ready", "/health/ready"):
@@ -170,12 +175,34 @@ async def test_ready_lists_the_models_without_replicas(inproc_frontend: InProces
             "ready": False,
             "models_without_replicas": ["m:1"],
             "reasons": ["application 'waiting': model 'm:1' has no replica connected"],
+            "draining": False,
         }
     v2 = await inproc_frontend.query.get("/v2/health/ready")
     assert (v2.status, v2.body) == (503, b"")
     # Scaled to none wanted, nothing is missing.
     await inproc_frontend.clipper.set_num_replicas("m", 0, wait=False)
     assert json_of(await inproc_frontend.query.get("/ready"))["ready"] is True
+
+
+async def test_a_draining_frontend_is_not_ready_on_every_readiness_path(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    from clipper.frontend.grpc import inference_pb2 as pb
+    from clipper.frontend.grpc.server import Servicer
+
+    servicer = Servicer(inproc_frontend.clipper.services)
+    ready = await servicer.ServerReady(pb.ServerReadyRequest(), None)
+    assert ready.ready is True
+    inproc_frontend.clipper.catalog.withdraw("draining: stopping")  # what stop() does first
+    for path in ("/ready", "/health/ready"):
+        doc = json_of(await inproc_frontend.query.get(path), 503)
+        assert doc["ready"] is False and doc["draining"] is True
+        assert doc["reasons"] == ["draining: stopping"]
+    v2 = await inproc_frontend.query.get("/v2/health/ready")
+    assert (v2.status, v2.body) == (503, b"")
+    assert (await servicer.ServerReady(pb.ServerReadyRequest(), None)).ready is False
+    # Liveness is another matter: the frontend runs.
+    assert json_of(await inproc_frontend.query.get("/health")) == {"status": "ok"}
 
 
 PROMETHEUS_ACCEPT = (

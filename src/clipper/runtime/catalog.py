@@ -7,7 +7,8 @@ controller publishes versioned snapshots to its proxies). :class:`Catalog` is th
 everyone else is handed — the query runners, traffic, the protocols, the dashboard, the admin
 API, the autoscaler, the replica directory — so that "the current version's scheduler" and the
 readiness rule are written once. ``GET /ready``, ``/v2/health/ready`` and gRPC's
-``ServerReady`` all read :meth:`Catalog.reasons`.
+``ServerReady`` all read :meth:`Catalog.reasons`, which also says when the frontend withdrew its
+readiness (:meth:`Catalog.withdraw`: it is stopping, and drains what it holds).
 """
 
 from __future__ import annotations
@@ -76,10 +77,12 @@ class SchedulerTable:
 
 
 class Catalog:
-    """Read-only answers about what is served; nothing here changes state."""
+    """Read-only answers about what is served; nothing here changes what is served. The one
+    state of its own is :attr:`withdrawn`: why the frontend no longer reports ready whatever
+    it serves (set once, by the composition root, when a stop begins its drain)."""
 
     __slots__ = ("_current", "_models", "_schedulers", "_table", "by_key", "currents", "links",
-                 "registry", "rollouts")  # fmt: skip
+                 "registry", "rollouts", "withdrawn")  # fmt: skip
 
     def __init__(self, registry: Registry, table: SchedulerTable) -> None:
         self.registry = registry
@@ -94,6 +97,7 @@ class Catalog:
         self.currents: Mapping[str, str] = registry.current
         self.rollouts: Mapping[str, Rollout] = registry.rollouts
         self.by_key: Mapping[Key, ModelScheduler] = table._by_key
+        self.withdrawn: str | None = None
 
     # -- applications ----------------------------------------------------------------------
     def app(self, name: str) -> Application | None:
@@ -158,6 +162,11 @@ class Catalog:
         self._table.subscribe(listener)
 
     # -- readiness -------------------------------------------------------------------------
+    def withdraw(self, reason: str) -> None:
+        """Report not ready from now on, for ``reason`` (first in :meth:`reasons`): the
+        frontend is draining, and a load balancer should send it nothing new."""
+        self.withdrawn = reason
+
     def unready(self) -> list[str]:
         """``model:version`` of every linked model whose current version should have replicas
         and has none connected."""
@@ -174,7 +183,7 @@ class Catalog:
         application: its current version has no replica connected (yet), or it has no current
         version at all (deleted with force). Empty when ready: the readiness rule of the whole
         frontend."""
-        out = []
+        out = [] if self.withdrawn is None else [self.withdrawn]
         for app, names in sorted(self.registry.links.items()):
             for name in names:
                 mv = self.version(name)
