@@ -16,6 +16,7 @@ Contract (docs/runtime.md, "Stopping: the drain"):
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import signal
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import cloudpickle
 import orjson
 import pytest
 
+from clipper.choices import GRPC_TRANSPORTS
+from clipper.server import Clipper
 from tests.integration import models
 from tests.integration.frontend_process import FrontendProcess, container_pids
 from tests.integration.helpers import Response, predict, request, wait_for
@@ -213,3 +216,44 @@ async def test_a_drain_timeout_shorter_than_the_work_still_ends_with_clean_answe
     # Bounded: the drain's second, then the replica's stop (its last batch, a few seconds).
     assert await _exit_code(fe, limit_s=15.0) == 0, fe.log_tail()
     assert "the drain ended (1 s passed)" in fe.log_tail(20_000)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tritonclient") is None,
+    reason="pip install 'tritonclient[grpc]' to run the real V2 gRPC client",
+)
+@pytest.mark.parametrize("transport", GRPC_TRANSPORTS.names)
+async def test_clipper_stop_answers_a_grpc_call_in_flight(transport: str) -> None:
+    """Both gRPC transports: a ModelInfer call in flight when ``Clipper.stop()`` begins gets
+    its answer; afterwards the port is closed."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, grpc_port=0, grpc_transport=transport
+    ) as c:
+        await c.deploy_model(MODEL, "1", models.slow_sums, input_type="doubles")
+        await c.register_application(APP, "doubles", "-1.0", 30_000_000)
+        await c.link_model_to_app(APP, MODEL)
+        assert c.grpc is not None
+        url = f"127.0.0.1:{c.grpc.port}"
+
+        def infer() -> Any:
+            client = grpcclient.InferenceServerClient(url=url)
+            try:
+                inp = grpcclient.InferInput("input", [2, 2], "FP64")
+                inp.set_data_from_numpy(np.array([[1.0, 2.0], [3.0, 4.0]]))
+                return client.infer(APP, [inp]).as_numpy("output")
+            finally:
+                client.close()
+
+        call = asyncio.create_task(asyncio.to_thread(infer))
+        sched = c.catalog.scheduler(MODEL)
+        assert sched is not None
+        await wait_for(lambda: any(r.in_flight for r in sched.replicas) or call.done(),
+                       limit_s=30, what="the call's batch at the replica")  # fmt: skip
+        assert not call.done()
+        await c.stop()
+        assert list(await call) == [3.0, 7.0]
+        port = int(url.rsplit(":", 1)[1])
+    assert await _refused(port)

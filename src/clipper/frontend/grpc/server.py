@@ -123,14 +123,15 @@ class V2GrpcServer:
         self.port = bound
         self._server = server
 
-    def begin_drain(self, grace: float | None = None) -> None:
-        """Stop taking connections and calls; those in flight get ``grace`` seconds (None: no
-        bound) to finish, then grpc.aio cancels them. grpc.aio does it all in one stop, run
-        here in the background; :meth:`owed` says whether it is still under way."""
+    def begin_drain(self, grace_s: float = 86_400.0) -> None:
+        """Stop taking connections and calls; those in flight get ``grace_s`` seconds to
+        finish, then grpc.aio cancels them (a drain's own bound is :meth:`abandon`; grpc.aio's
+        None would cancel them at once). grpc.aio does it all in one stop, run here in the
+        background; :meth:`owed` says whether it is still under way."""
         server = self._server
         if server is None or self._stopping is not None:
             return
-        self._stopping = asyncio.ensure_future(server.stop(grace))
+        self._stopping = asyncio.ensure_future(server.stop(grace_s))
 
     def owed(self) -> int:
         """1 while a drain waits for calls in flight (grpc.aio does not count them), else 0."""
