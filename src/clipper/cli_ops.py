@@ -349,8 +349,10 @@ def stop_frontend(state_dir: Path, timeout_s: float) -> int:
     while _holder(lock) is not None:
         if time.monotonic() - t0 > timeout_s:
             _say(
-                f"{who} is still stopping after {timeout_s:g} s (it drains its replicas "
-                f"first); run `clipper stop` again to wait more, or `kill -9 {pid}`"
+                f"{who} is still stopping after {timeout_s:g} s (it answers the requests "
+                "in flight first, for up to its drain_timeout_s, then drains its replicas); "
+                "run `clipper stop` again to wait more (its signal also ends a drain still "
+                f"under way), or `kill -9 {pid}`"
             )
             return EXIT_REFUSED
         time.sleep(_STOP_POLL_S)

@@ -172,6 +172,14 @@ class FrontendConfig:
         default=300.0,
         metadata=cli("seconds a gRPC connection with no call open stays open (native transport)"),
     )
+    # A stop (SIGTERM, `clipper stop`, Clipper.stop()) is a drain: readiness withdrawn, no new
+    # connection accepted, every request already read answered, then the ports close. This
+    # bounds it: what is still unanswered then gets 503 (gRPC UNAVAILABLE). Kubernetes' default
+    # grace period is 30 s; docs/runtime.md, "Stopping: the drain".
+    drain_timeout_s: float = field(
+        default=20.0,
+        metadata=cli("seconds a stop waits for the requests in flight before answering them 503"),
+    )
     cache_bytes: int = field(
         default=32 * 2**20, metadata=cli("prediction cache size; 0 disables storing")
     )
@@ -307,6 +315,8 @@ class FrontendConfig:
         ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if not self.drain_timeout_s >= 0:
+            raise ConfigError(f"drain_timeout_s must be >= 0 seconds, got {self.drain_timeout_s}")
         if self.dashboard_sample_s < 0 or self.dashboard_max_clients < 1:
             raise ConfigError("dashboard_sample_s must be >= 0 and dashboard_max_clients >= 1")
         if self.dashboard_sample_s and self.dashboard_history_s < 2 * self.dashboard_sample_s:

@@ -8,6 +8,11 @@ committed to the store before it is acknowledged); :class:`Reconciler` makes the
 dial in to their schedulers; the container manager runs the replicas. The methods below are the
 embedded Python API, each a thin call into the write side (:class:`Operations`, whose
 pre-checks and artifact placement the admin API shares, or :class:`Control`).
+
+A stop is a drain (:meth:`Clipper.stop`): readiness is withdrawn, the query ports accept no new
+connection, every request already read is answered (``drain_timeout_s`` bounds the wait), and
+only then does the rest stop in reverse order: the admin port, the replicas (each after its
+last batch), the store. See docs/runtime.md, "Stopping: the drain".
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import PredictionCache
 from clipper.choices import OnModelError, Overload
-from clipper.clock import Clock, MonotonicClock
+from clipper.clock import Clock, MonotonicClock, sleep
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.dashboard import Dashboard
 from clipper.errors import ClipperError, RegistryError, ReplicaError
@@ -64,6 +69,10 @@ if TYPE_CHECKING:
 __all__ = ["Clipper"]
 
 log = logging.getLogger("clipper")
+
+# How often a drain looks whether the requests it waits for are answered: stopping only, and a
+# notification per answer would cost the query path.
+_DRAIN_POLL_S = 0.01
 
 
 class Clipper:
@@ -253,6 +262,7 @@ class Clipper:
                 )
         self._stack: contextlib.AsyncExitStack | None = None
         self._stop_event: asyncio.Event | None = None
+        self._drain_cut: asyncio.Event | None = None  # a second signal: answer what is left now
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -262,6 +272,7 @@ class Clipper:
         if self._stack is not None:
             return
         self._stop_event = asyncio.Event()
+        self._drain_cut = asyncio.Event()
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._cleanup_tmp)
             # One frontend per state directory (its store, artifacts, logs and node id).
@@ -305,8 +316,10 @@ class Clipper:
                     await self.grpc.start()
                 stack.push_async_callback(self.grpc.stop)
             stack.push_async_callback(self.query.selection.stop)
-            # First to run at stop: admin operations under way are cancelled (and roll back)
-            # while the store and the runtime are still there.
+            # First to run once the query ports are drained (stop() drains them before this
+            # stack unwinds): admin operations under way are cancelled (and roll back) while
+            # the store and the runtime are still there. The admin port itself answers until
+            # the drain is over (operators watch it), and closes after this.
             stack.push_async_callback(self.admin.stop)
             lock.describe(
                 query_port=self.http.port,
@@ -325,14 +338,57 @@ class Clipper:
             log.info("dashboard on %s/dashboard", self.admin_url)
 
     async def stop(self) -> None:
+        """Drain, then stop: readiness is withdrawn (``/ready``, ``/v2/health/ready`` and gRPC
+        ``ServerReady`` answer not ready, reason "draining"), the query and gRPC ports accept
+        no new connection (keep-alive connections are told ``Connection: close`` with their
+        next answer, HTTP/2 ones get a GOAWAY), and every request already read is answered: a
+        prediction, or the default output at its deadline. What is still unanswered after
+        ``drain_timeout_s`` is answered 503 (gRPC UNAVAILABLE). Then everything stops in the
+        reverse of the order it started: the admin port, the replicas after their last
+        batches, the store."""
         stack, self._stack = self._stack, None
         if stack is None:
             return
         try:
-            await stack.aclose()
+            try:
+                await self._drain()
+            finally:
+                await stack.aclose()
         finally:
             if self._stop_event is not None:
                 self._stop_event.set()
+
+    async def _drain(self) -> None:
+        timeout = self.config.drain_timeout_s
+        self.catalog.withdraw(
+            "draining: the frontend is stopping; it answers the requests it holds (for up to "
+            f"{timeout:g} s, drain_timeout_s) and accepts no new connection"
+        )
+        ports: list[HttpServer | V2GrpcServer | NativeGrpcServer] = [self.http]
+        if self.grpc is not None:
+            ports.append(self.grpc)
+        for port in ports:
+            port.begin_drain()
+        owed = sum(p.owed() for p in ports)
+        if not owed:
+            return
+        log.info("draining: %d requests in flight; waiting up to %g s for them", owed, timeout)
+        t0 = self.clock.now()
+        deadline = t0 + timeout
+        cut = self._drain_cut
+        while owed and self.clock.now() < deadline and not (cut is not None and cut.is_set()):
+            await sleep(self.clock, _DRAIN_POLL_S)
+            owed = sum(p.owed() for p in ports)
+        if not owed:
+            log.info("drained in %.2f s", self.clock.now() - t0)
+            return
+        why = "a second signal" if cut is not None and cut.is_set() else f"{timeout:g} s passed"
+        cause = (
+            f"the frontend stopped before this request was answered (its drain ended: {why}, "
+            "drain_timeout_s): retry it on another frontend"
+        )
+        left = sum(p.abandon(cause) for p in ports)
+        log.warning("the drain ended (%s) with %d requests unanswered: answered 503", why, left)
 
     async def __aenter__(self) -> Clipper:
         await self.start()
@@ -342,8 +398,11 @@ class Clipper:
         await self.stop()
 
     async def serve_forever(self) -> None:
-        """Serve until SIGINT/SIGTERM (or :meth:`stop`), then stop cleanly."""
+        """Serve until SIGINT/SIGTERM (or :meth:`stop`), then stop cleanly: a drain (see
+        :meth:`stop`); a second signal during the drain ends it at once (what is left is
+        answered 503) and the stop goes on."""
         assert self._stop_event is not None, "start() first"
+        stop_event, cut = self._stop_event, self._drain_cut
         # Everything alive now (frameworks, trained models, the registry) lives as long as the
         # process: take it out of the cyclic collector, whose full passes over a process with
         # scikit-learn or torch loaded stall the event loop for tens of milliseconds.
@@ -351,16 +410,26 @@ class Clipper:
         gc.freeze()
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
+
+        def on_signal() -> None:
+            if not stop_event.is_set():
+                stop_event.set()
+            elif cut is not None:
+                cut.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._stop_event.set)
+                loop.add_signal_handler(sig, on_signal)
                 installed.append(sig)
         try:
-            await self._stop_event.wait()
+            await stop_event.wait()
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            await self.stop()
+            try:
+                stop_event.set()  # a stop() that did not come from a signal
+                await self.stop()
+            finally:
+                for sig in installed:
+                    loop.remove_signal_handler(sig)
 
     @property
     def query_port(self) -> int:

@@ -353,3 +353,45 @@ async def test_stop_returns_at_the_next_poll_once_the_calls_are_done() -> None:
     await _turns()
     assert stopping.done() and transport.closed
     await stopping
+
+
+async def test_a_drain_refuses_new_calls_and_answers_open_ones() -> None:
+    server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, clock=FakeClock())
+    server._server = cast(Any, _Listener())
+    conn = native._Connection(server)
+    transport = _Transport()
+    conn.connection_made(cast(Any, transport))
+    client = _client()
+    client.send_headers(1, GRPC_HEADERS)  # a call opened before the drain, not finished
+    _exchange(conn, transport, client)
+    assert server.owed() == 1
+    server.begin_drain()
+    assert server.draining and cast(_Listener, server._server).closed
+    events = list(client.receive_data(transport.take()))
+    [goaway] = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+    assert goaway.error_code == 0 and goaway.last_stream_id == 1  # stream 1 is still served
+    # A call opened after the GOAWAY is refused (the client retries it elsewhere).
+    block = header_block([(b":method", b"POST"), (b":path", b"/x"),
+                          (b"content-type", b"application/grpc")])  # fmt: skip
+    conn.data_received(frame(native.HEADERS, native.END_HEADERS | native.END_STREAM, 3, block))
+    [(kind, _, sid, payload)] = _frames(transport.take())
+    assert (kind, sid, struct.unpack(">I", payload)[0]) == (native.RST_STREAM, 3, 7)
+    # The open call is answered as usual, and then nothing is owed.
+    conn.send_message(conn.streams[1], b"")
+    assert server.owed() == 0 and server.abandon("the drain ended") == 0
+    assert not transport.closed  # the connection closes at stop(), after what it owes
+
+
+async def test_abandon_answers_an_open_call_unavailable() -> None:
+    clock = FakeClock(start=0.0)
+    server, _conn, transport = _serving(clock)
+    server.begin_drain()
+    transport.take()
+    assert server.abandon("the drain ended: retry it") == 1
+    assert server.owed() == 0
+    frames = _frames(transport.take())
+    [(kind, flags, sid, block)] = frames
+    assert (kind, sid) == (native.HEADERS, 1) and flags & native.END_STREAM
+    headers = dict(hpack.Decoder().decode(block, raw=True))
+    assert headers[b"grpc-status"] == b"14"
+    assert headers[b"grpc-message"] == b"the drain ended: retry it"

@@ -97,6 +97,17 @@ def test_replica_pods_never_hold_the_frontends_secret_key(keys: dict[str, str]) 
     assert set(frontend_secret) == {"server.key", "server.key_secret", "client.key"}
 
 
+def test_a_stopping_frontend_pod_has_the_time_to_drain(keys: dict[str, str]) -> None:
+    from clipper.config import FrontendConfig
+
+    objs = by_kind(frontend_objects(KubeSettings(), keys))
+    drain = float(objs[("ConfigMap", "clipper-config")]["data"]["CLIPPER_DRAIN_TIMEOUT_S"])
+    assert drain == FrontendConfig().drain_timeout_s
+    pod = objs[("StatefulSet", "clipper-frontend")]["spec"]["template"]["spec"]
+    # The drain, then the replicas' stop, before Kubernetes' SIGKILL.
+    assert pod["terminationGracePeriodSeconds"] >= drain + 5
+
+
 def test_frontends_get_stable_identities_and_the_rbac_their_manager_needs(
     keys: dict[str, str],
 ) -> None:

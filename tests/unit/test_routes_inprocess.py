@@ -163,7 +163,12 @@ async def test_health(inproc_frontend: InProcessFrontend, path: str) -> None:
 async def test_ready_lists_the_models_without_replicas(inproc_frontend: InProcessFrontend) -> None:
     for path in ("/ready", "/health/ready"):
         doc = json_of(await inproc_frontend.query.get(path))
-        assert doc == {"ready": True, "models_without_replicas": [], "reasons": []}
+        assert doc == {
+            "ready": True,
+            "models_without_replicas": [],
+            "reasons": [],
+            "draining": False,
+        }
     assert (await inproc_frontend.query.get("/v2/health/ready")).status == 200
     await linked_without_replicas(inproc_frontend)
     for path in ("/ready", "/health/ready"):
@@ -172,6 +177,7 @@ async def test_ready_lists_the_models_without_replicas(inproc_frontend: InProces
             "ready": False,
             "models_without_replicas": ["m:1"],
             "reasons": ["application 'waiting': model 'm:1' has no replica connected"],
+            "draining": False,
         }
     v2 = await inproc_frontend.query.get("/v2/health/ready")
     assert (v2.status, v2.body) == (503, b"")
@@ -390,6 +396,31 @@ async def test_readiness_routes_refuse_what_they_do_not_take(
     await lonely_app(inproc_frontend.clipper, "health")
     assert "models_without_replicas" in json_of(await query.get("/health/ready"))
     assert json_of(await query.get("/ready?app=health"), 503)["app"] == "health"
+
+
+async def test_a_draining_frontend_is_not_ready_on_every_readiness_path(
+    inproc_frontend: InProcessFrontend,
+) -> None:
+    from clipper.frontend.grpc import inference_pb2 as pb
+    from clipper.frontend.grpc.server import Servicer
+
+    servicer = Servicer(inproc_frontend.clipper.services)
+    ready = await servicer.ServerReady(pb.ServerReadyRequest(), None)
+    assert ready.ready is True
+    inproc_frontend.clipper.catalog.withdraw("draining: stopping")  # what stop() does first
+    for path in ("/ready", "/health/ready"):
+        doc = json_of(await inproc_frontend.query.get(path), 503)
+        assert doc["ready"] is False and doc["draining"] is True
+        assert doc["reasons"] == ["draining: stopping"]
+    v2 = await inproc_frontend.query.get("/v2/health/ready")
+    assert (v2.status, v2.body) == (503, b"")
+    assert (await servicer.ServerReady(pb.ServerReadyRequest(), None)).ready is False
+    # Each application's readiness too: a balancer checking one application takes it out.
+    await lonely_app(inproc_frontend.clipper, "one")
+    doc = json_of(await inproc_frontend.query.get("/one/ready"), 503)
+    assert doc["reasons"][0] == "draining: stopping"
+    # Liveness is another matter: the frontend runs.
+    assert json_of(await inproc_frontend.query.get("/health")) == {"status": "ok"}
 
 
 PROMETHEUS_ACCEPT = (

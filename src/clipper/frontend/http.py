@@ -14,6 +14,12 @@ On a server built with ``streaming=True`` (the admin port) a route may answer wi
 :class:`Stream` instead of a body (the dashboard's server-sent events): a head without a length,
 then writes as they come, until either side closes the connection; such a connection has no
 timeouts and reads no further requests.
+
+A stop is a drain (:meth:`HttpServer.begin_drain`): the listening socket closes (new connections
+are refused), open connections go on being read, and every answer that leaves the last one a
+connection owes carries ``Connection: close`` and closes it; :meth:`HttpServer.owed` counts the
+requests still to answer, and :meth:`HttpServer.abandon` answers them 503 when the drain's time
+is up. Nothing is cut mid-answer.
 """
 
 from __future__ import annotations
@@ -150,6 +156,12 @@ def _head(status: int, content_type: bytes, length: int, keep_alive: bool) -> by
         length,
         b"" if keep_alive else b"Connection: close\r\n",
     )
+
+
+def _closing(answer: bytes) -> bytes:
+    """A keep-alive answer rewritten to close its connection (a drain's last answer)."""
+    end = answer.index(b"\r\n\r\n") + 2
+    return answer[:end] + b"Connection: close\r\n" + answer[end:]
 
 
 def error_body(err: RequestError) -> bytes:
@@ -434,6 +446,14 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _owes(self) -> int:
+        """Requests this connection read and has not answered, counting one it is reading
+        (its first byte is in): what a drain waits for."""
+        if self._closed:
+            return 0
+        reading = self._state == _BODY or self._head_bytes > 0
+        return sum(slot.data is None for slot in self._slots) + reading
+
     # httptools callbacks
     def _reset(self) -> None:
         # Done at the end of a message rather than in on_message_begin: one Python callback
@@ -570,8 +590,14 @@ class _Connection(asyncio.Protocol):
         slots = self._slots
         while slots and slots[0].data is not None:
             done = slots.popleft()
-            assert done.data is not None
-            self.transport.write(done.data)
+            out = done.data
+            assert out is not None
+            if done.keep_alive and self.server.draining and not slots and self._state == _IDLE:
+                # The server drains: the last answer owed, with no request begun behind it,
+                # tells the client to go elsewhere next, and the connection closes after it.
+                done.keep_alive = False
+                out = _closing(out)
+            self.transport.write(out)
             if not done.keep_alive:
                 self._closed = True
                 self.transport.close()
@@ -669,6 +695,7 @@ class HttpServer:
         self.turn_open = False
         # Told of each loop turn that read requests: (first read, end of the turn's work).
         self.on_turn = on_turn
+        self.draining = False  # begin_drain(): no new connections, each closes when answered
 
     def begin_turn(self, now: float) -> None:
         """The loop's current turn read its first request bytes at ``now``. Under saturation
@@ -725,9 +752,42 @@ class HttpServer:
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
 
+    def begin_drain(self) -> None:
+        """Stop accepting connections (the listening socket closes: a new connection is
+        refused) and drain the open ones: what they send is still read and answered, and each
+        closes after the last answer it owes (``Connection: close``). An idle keep-alive
+        connection stays open until :meth:`stop`: a request it carries meanwhile (a load
+        balancer's health check, a client's next query) is answered, and told to close,
+        rather than cut."""
+        if self.draining:
+            return
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+
+    def owed(self) -> int:
+        """Requests read (or being read) and not answered yet, over all connections."""
+        return sum(conn._owes() for conn in self.connections)
+
+    def abandon(self, cause: str) -> int:
+        """Answer every request still owed ``503`` with ``cause`` (a drain's time is up) and
+        close the connections after those answers; how many were answered so."""
+        body = _error_doc(503, cause)
+        n = 0
+        for conn in list(self.connections):
+            for slot in list(conn._slots):
+                if slot.data is None:
+                    n += 1
+                    conn._answer(slot, 503, body, JSON)
+            conn._close()
+        return n
+
     async def stop(self) -> None:
+        """Close: the listening socket, then every connection (after what was written to it
+        is sent). A drain, if one is wanted, comes first (:meth:`begin_drain`)."""
         if self._server is None:
             return
+        self.draining = True
         self._server.close()
         for conn in list(self.connections):
             if conn.transport is not None:

@@ -191,7 +191,7 @@ class QueryRoutes:
                 json_response(
                     respond, 200 if not reasons else 503,
                     {"ready": not reasons, "models_without_replicas": self.svc.catalog.unready(),
-                     "reasons": reasons},
+                     "reasons": reasons, "draining": self.svc.catalog.withdrawn is not None},
                 )  # fmt: skip
                 return
             if path.endswith(("/ready", "/ready/")):

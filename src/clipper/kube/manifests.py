@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from clipper.config import FrontendConfig
 from clipper.errors import ConfigError
 
 __all__ = [
@@ -58,6 +59,11 @@ CONTAINER_READY_PORT = 9100
 SECRET_MODE = 0o400
 
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
+
+# A frontend's stop drains its query ports for up to drain_timeout_s, then stops its replicas
+# (their last batches, a few seconds): its pod's grace period covers both before SIGKILL.
+_FRONTEND_DRAIN_S = FrontendConfig().drain_timeout_s
+_FRONTEND_STOP_S = 10
 
 
 def dns_label(*parts: str, limit: int = 63) -> str:
@@ -285,6 +291,7 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
         "CLIPPER_STATE_DIR": STATE_MOUNT,
         "CLIPPER_RPC_KEYS_DIR": KEYS_MOUNT,
         "CLIPPER_MANAGER": manager,
+        "CLIPPER_DRAIN_TIMEOUT_S": f"{_FRONTEND_DRAIN_S:g}",
     } | ({"CLIPPER_STORE": s.store} if s.store else {})
     rules = [
         {
@@ -404,7 +411,9 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
                     "metadata": {"labels": sel},
                     "spec": {
                         "serviceAccountName": "clipper-frontend",
-                        "terminationGracePeriodSeconds": 30,
+                        # SIGTERM starts the drain (CLIPPER_DRAIN_TIMEOUT_S, above): raise
+                        # both together.
+                        "terminationGracePeriodSeconds": int(_FRONTEND_DRAIN_S) + _FRONTEND_STOP_S,
                         "containers": [container],
                         "volumes": [
                             {

@@ -7,8 +7,10 @@ controller publishes versioned snapshots to its proxies). :class:`Catalog` is th
 everyone else is handed — the query runners, traffic, the protocols, the dashboard, the admin
 API, the autoscaler, the replica directory — so that "the current version's scheduler" and the
 readiness rules are written once. ``GET /ready``, ``/v2/health/ready`` and gRPC's
-``ServerReady`` all read :meth:`Catalog.reasons` (the whole frontend); ``GET /<app>/ready``,
-V2's model ready and gRPC's ``ModelReady`` read :meth:`Catalog.app_reasons` (one application).
+``ServerReady`` all read :meth:`Catalog.reasons` (the whole frontend), which also says when the
+frontend withdrew its readiness (:meth:`Catalog.withdraw`: it is stopping, and drains what it
+holds); ``GET /<app>/ready``, V2's model ready and gRPC's ``ModelReady`` read
+:meth:`Catalog.app_reasons` (one application).
 """
 
 from __future__ import annotations
@@ -78,10 +80,12 @@ class SchedulerTable:
 
 
 class Catalog:
-    """Read-only answers about what is served; nothing here changes state."""
+    """Read-only answers about what is served; nothing here changes what is served. The one
+    state of its own is :attr:`withdrawn`: why the frontend no longer reports ready whatever
+    it serves (set once, by the composition root, when a stop begins its drain)."""
 
     __slots__ = ("_current", "_models", "_schedulers", "_table", "by_key", "currents", "links",
-                 "registry", "rollouts")  # fmt: skip
+                 "registry", "rollouts", "withdrawn")  # fmt: skip
 
     def __init__(self, registry: Registry, table: SchedulerTable) -> None:
         self.registry = registry
@@ -96,6 +100,7 @@ class Catalog:
         self.currents: Mapping[str, str] = registry.current
         self.rollouts: Mapping[str, Rollout] = registry.rollouts
         self.by_key: Mapping[Key, ModelScheduler] = table._by_key
+        self.withdrawn: str | None = None
 
     # -- applications ----------------------------------------------------------------------
     def app(self, name: str) -> Application | None:
@@ -160,6 +165,11 @@ class Catalog:
         self._table.subscribe(listener)
 
     # -- readiness -------------------------------------------------------------------------
+    def withdraw(self, reason: str) -> None:
+        """Report not ready from now on, for ``reason`` (first in :meth:`reasons`): the
+        frontend is draining, and a load balancer should send it nothing new."""
+        self.withdrawn = reason
+
     def unready(self) -> list[str]:
         """``model:version`` of every linked model whose current version should have replicas
         and has none connected."""
@@ -176,7 +186,7 @@ class Catalog:
         application: its current version has no replica connected (yet), or it has no current
         version at all (deleted with force). Empty when ready: the readiness rule of the whole
         frontend."""
-        out = []
+        out = [] if self.withdrawn is None else [self.withdrawn]
         for app, names in sorted(self.registry.links.items()):
             for name in names:
                 mv = self.version(name)
@@ -205,8 +215,11 @@ class Catalog:
         * a pipeline: every required stage (no ``default``, not ``optional``) can run: its
           model's current version has a replica connected, or its application is ready.
 
-        An application with no model linked answers only its default output: not ready."""
-        return [f"application '{app.name}': {why}" for why in self._why_not(app, version, ())]
+        An application with no model linked answers only its default output: not ready. A
+        frontend that withdrew its readiness (draining) says so first, for every application."""
+        out = [] if self.withdrawn is None else [self.withdrawn]
+        out += [f"application '{app.name}': {why}" for why in self._why_not(app, version, ())]
+        return out
 
     def app_ready(self, app: Application, version: str | None = None) -> bool:
         """``app`` can answer with a prediction (:meth:`app_reasons` is empty)."""

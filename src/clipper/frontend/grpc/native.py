@@ -692,6 +692,7 @@ class NativeGrpcServer:
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Future[Any]] = set()
         self._server: asyncio.Server | None = None
+        self.draining = False  # begin_drain(): no new connections or calls, those open answered
         servicer = Servicer(svc)
         self.methods: dict[bytes, tuple[Any, Callable[[Any, Any], Coroutine[Any, Any, Any]]]] = {
             b"ServerLive": (pb.ServerLiveRequest, servicer.ServerLive),
@@ -731,14 +732,14 @@ class NativeGrpcServer:
                 conn._goaway(NO_ERROR, "idle")
         self._arm_sweep()
 
-    async def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving: GOAWAY to every connection, ``grace`` seconds for calls in flight."""
-        server, self._server = self._server, None
-        if server is None:
+    def begin_drain(self) -> None:
+        """Stop accepting connections (the listening socket closes) and send every connection
+        a GOAWAY naming the last call it opened: calls already opened are answered, new ones
+        are refused (REFUSED_STREAM: a client retries those elsewhere)."""
+        server = self._server
+        if server is None or self.draining:
             return
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
+        self.draining = True
         server.close()
         for conn in list(self.connections):
             conn.goaway = True
@@ -746,10 +747,36 @@ class NativeGrpcServer:
                 conn.transport.write(
                     frame(GOAWAY, 0, 0, _U32.pack(conn.last_id) + _U32.pack(NO_ERROR))
                 )
+
+    def owed(self) -> int:
+        """Calls opened and not answered yet, over all connections."""
+        return sum(len(c.streams) for c in self.connections if not c.closed)
+
+    def abandon(self, cause: str) -> int:
+        """Answer every call still open UNAVAILABLE with ``cause`` (a drain's time is up);
+        how many were answered so."""
+        n = 0
+        for conn in list(self.connections):
+            for stream in list(conn.streams.values()):
+                n += 1
+                conn.send_error(stream, 14, cause)  # UNAVAILABLE: the client may retry
+        return n
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving: GOAWAY to every connection (:meth:`begin_drain`), ``grace`` seconds
+        for calls in flight, then UNAVAILABLE for those still open, and close."""
+        if self._server is None:
+            return
+        self.begin_drain()
+        server, self._server = self._server, None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         deadline = self.clock.now() + (grace or 0.0)
         # Polled: shutdown only, and a drain event per connection would cost the hot path.
-        while any(c.streams for c in self.connections) and self.clock.now() < deadline:
+        while self.owed() and self.clock.now() < deadline:
             await sleep(self.clock, 0.01)
+        self.abandon("the server stopped before this call was answered: retry it")
         for conn in list(self.connections):
             conn.closed = True
             conn.transport.close()

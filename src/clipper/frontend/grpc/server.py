@@ -101,6 +101,8 @@ class V2GrpcServer:
         self.host = host
         self.port = port
         self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Future[None] | None = None  # a drain's stop, in the background
+        self._cut: asyncio.Future[None] | None = None  # abandon(): that stop cut short
 
     async def start(self) -> None:
         """Bind and serve on the running event loop."""
@@ -121,11 +123,38 @@ class V2GrpcServer:
         self.port = bound
         self._server = server
 
+    def begin_drain(self, grace_s: float = 86_400.0) -> None:
+        """Stop taking connections and calls; those in flight get ``grace_s`` seconds to
+        finish, then grpc.aio cancels them (a drain's own bound is :meth:`abandon`; grpc.aio's
+        None would cancel them at once). grpc.aio does it all in one stop, run here in the
+        background; :meth:`owed` says whether it is still under way."""
+        server = self._server
+        if server is None or self._stopping is not None:
+            return
+        self._stopping = asyncio.ensure_future(server.stop(grace_s))
+
+    def owed(self) -> int:
+        """1 while a drain waits for calls in flight (grpc.aio does not count them), else 0."""
+        return int(self._stopping is not None and not self._stopping.done())
+
+    def abandon(self, cause: str) -> int:
+        """End the drain now: grpc.aio cancels the calls still in flight (CANCELLED)."""
+        server = self._server
+        if server is None or not self.owed():
+            return 0
+        self._cut = asyncio.ensure_future(server.stop(0))
+        return 1
+
     async def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving; calls in flight get ``grace`` seconds to finish."""
+        """Stop serving; calls in flight get ``grace`` seconds to finish (or what a drain
+        begun earlier allowed them)."""
         server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace)
+        if server is None:
+            return
+        begun = [t for t in (self._stopping, self._cut) if t is not None]
+        self._stopping = self._cut = None
+        # A later stop with a shorter grace cuts an earlier one short (grpc.aio).
+        await asyncio.gather(*begun, server.stop(grace))
 
 
 def error_status(err: RequestError) -> tuple[grpc.StatusCode, str]:
