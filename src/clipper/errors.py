@@ -45,6 +45,7 @@ from __future__ import annotations
 
 __all__ = [
     "BadInputError",
+    "ClientGone",
     "ClipperError",
     "ConfigError",
     "DeadlineExceeded",
@@ -110,6 +111,11 @@ class OverloadedError(ClipperError):
 
 class DeadlineExceeded(ClipperError):
     """The query's deadline passed while it waited in its model's queue."""
+
+
+class ClientGone(ClipperError):
+    """Every query waiting for an input was abandoned (its client closed its connection or
+    reset its stream): the input is dropped from its model's queue, never evaluated."""
 
 
 class ReplicaError(ClipperError):
