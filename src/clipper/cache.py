@@ -25,7 +25,15 @@ from dataclasses import dataclass
 from clipper.choices import CACHE_POLICIES, CachePolicy
 from clipper.errors import ConfigError
 
-__all__ = ["CacheKey", "CacheStats", "Lookup", "PredictionCache", "Waiter"]
+__all__ = [
+    "Abandonable",
+    "CacheKey",
+    "CacheStats",
+    "Lookup",
+    "PredictionCache",
+    "Waiter",
+    "abandoned",
+]
 
 CacheKey = tuple[str, str, bytes]
 Waiter = Callable[[object, BaseException | None], None]
@@ -34,6 +42,27 @@ _log = logging.getLogger("clipper.cache")
 
 # Bookkeeping charged per entry on top of the input and value bytes (key tuple, entry object).
 _ENTRY_OVERHEAD = 64
+
+
+class Abandonable:
+    """A waiter that can say its query was abandoned (its client went away before the answer).
+
+    A runner's waiters derive from it; a waiter that does not (a plain function) is always
+    taken as live. The check is made only at dispatch, and only for inputs queued before the
+    latest abandon (:attr:`PredictionCache.abandoned_at`), so an ordinary query pays nothing."""
+
+    __slots__ = ()
+
+    def __call__(self, value: object, err: BaseException | None, /) -> None:
+        raise NotImplementedError
+
+    def abandoned(self) -> bool:
+        return False
+
+
+def abandoned(waiter: Waiter | None) -> bool:
+    """Whether ``waiter`` belongs to a query that was abandoned (None: nobody waits)."""
+    return waiter is None or (isinstance(waiter, Abandonable) and waiter.abandoned())
 
 
 class Lookup(enum.Enum):
@@ -80,6 +109,7 @@ class PredictionCache:
         "_max_bytes",
         "_misses",
         "_pending",
+        "abandoned_at",
     )
 
     def __init__(self, max_bytes: int = 32 * 2**20, policy: CachePolicy = "clock") -> None:
@@ -95,6 +125,9 @@ class PredictionCache:
         self._by_producer: dict[Hashable, set[CacheKey]] = {}
         self._bytes = 0
         self._hits = self._misses = self._joins = self._evictions = 0
+        # When a waiter was last abandoned, on the clock of the runners and schedulers that
+        # share this cache: an input queued after it cannot have an abandoned waiter.
+        self.abandoned_at = float("-inf")
 
     def get_or_join(self, key: CacheKey, waiter: Waiter) -> tuple[Lookup, object]:
         """HIT returns the value (waiter not called); JOINED registers the waiter on the
@@ -144,6 +177,21 @@ class PredictionCache:
         # Absent means already delivered or never registered: nothing to undo.
         with contextlib.suppress(ValueError):
             waiters.remove(waiter)
+
+    def note_abandoned(self, at: float) -> None:
+        """A query gave up its waiters at ``at``: inputs queued until then are checked at
+        dispatch (:meth:`all_abandoned`)."""
+        self.abandoned_at = at
+
+    def all_abandoned(self, key: CacheKey) -> bool:
+        """Whether nobody live waits for ``key`` any more: every waiter registered on its
+        computation belongs to an abandoned query (or none is left)."""
+        waiters = self._pending.get(key)
+        if waiters:
+            for waiter in waiters:
+                if not (isinstance(waiter, Abandonable) and waiter.abandoned()):
+                    return False
+        return True
 
     def pending_waiters(self, key: CacheKey) -> int:
         waiters = self._pending.get(key)

@@ -31,6 +31,7 @@ module to keep it so). Classes defined beside their only raiser name their modul
     ├── ModelError             a model raised while predicting (carries its message)
     ├── OverloadedError        a query shed because it cannot meet its deadline (queue full/slow)
     ├── DeadlineExceeded       a query's deadline passed before its batch could be sent
+    ├── ClientGone             every query waiting for an input was abandoned: never evaluated
     ├── ReplicaError           a replica is gone, or answered with a broken frame
     ├── ArtifactUnavailable    a container's artifact fetch stopped, or none to fetch
     │                          [container.fetch]
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 __all__ = [
     "BadInputError",
+    "ClientGone",
     "ClipperError",
     "ConfigError",
     "DeadlineExceeded",
@@ -110,6 +112,11 @@ class OverloadedError(ClipperError):
 
 class DeadlineExceeded(ClipperError):
     """The query's deadline passed while it waited in its model's queue."""
+
+
+class ClientGone(ClipperError):
+    """Every query waiting for an input was abandoned (its client closed its connection or
+    reset its stream): the input is dropped from its model's queue, never evaluated."""
 
 
 class ReplicaError(ClipperError):

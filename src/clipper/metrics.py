@@ -59,6 +59,20 @@ class Metrics:
             ["app", "reason"],
             registry=r,
         )
+        self.abandoned = Counter(
+            "clipper_queries_abandoned",
+            "Queries whose client went away (closed its connection, reset its stream) before "
+            "they were answered, per application",
+            ["app"],
+            registry=r,
+        )
+        self.abandoned_inputs = Counter(
+            "clipper_model_abandoned_inputs",
+            "Inputs dropped from the queue before reaching a replica because every query "
+            "waiting for them was abandoned",
+            ["model", "version"],
+            registry=r,
+        )
         self.batch_size = Histogram(
             "clipper_model_batch_size",
             "Inputs per batch sent to a replica",
@@ -213,6 +227,7 @@ class Metrics:
             self.cache_misses,
             self.model_errors,
             self.admission_probes,
+            self.abandoned_inputs,
             self.artifact_fetches,
             self.split_requests,
             self.split_fallbacks,
@@ -237,6 +252,7 @@ class Metrics:
         """Remove every series of a deleted application."""
         _remove(self.requests, app)
         _remove(self.latency, app)
+        _remove(self.abandoned, app)
         for reason in _label_values(self.defaults, "reason", app=app):
             _remove(self.defaults, app, reason)
         for model in _label_values(self.missing, "model", app=app):

@@ -71,6 +71,9 @@ class CountedSeam:
     def peek(self, model: str, version: str, payload: bytes) -> Any:
         return self.inner.peek(model, version, payload)
 
+    def abandoned(self) -> None:
+        self.inner.abandoned()
+
 
 def test_no_runner_holds_the_processor_and_tables_name_runners_only(
     frontends: list[Frontend],

@@ -18,9 +18,9 @@ from clipper.batching.decision import Wait, decide
 from clipper.batching.model_errors import ModelErrorLog
 from clipper.batching.queue import ModelQueue, Task
 from clipper.batching.wait import WaitPolicy, make_wait_policy
-from clipper.cache import PredictionCache
+from clipper.cache import PredictionCache, abandoned
 from clipper.clock import Clock, TimerHandle
-from clipper.errors import DeadlineExceeded, ModelError, OverloadedError
+from clipper.errors import ClientGone, DeadlineExceeded, ModelError, OverloadedError
 from clipper.inputs import InputType
 from clipper.metrics import Metrics
 from clipper.registry import ModelVersion
@@ -145,6 +145,7 @@ class ModelScheduler:
         self._batch_size = metrics.batch_size.labels(**labels)
         self._errors = metrics.model_errors.labels(**labels)
         self._probes = metrics.admission_probes.labels(**labels)
+        self._abandoned = metrics.abandoned_inputs.labels(**labels)
         self._error_log = ModelErrorLog(f"{mv.name}:{mv.version}", clock)
         self._replica_gauge = metrics.replicas.labels(**labels)
         metrics.queue_depth.labels(**labels).set_function(lambda: len(self.queue))
@@ -158,13 +159,16 @@ class ModelScheduler:
         # fix: ``stalled`` (expired while a replica was free: the loop did not get to it),
         # ``overran`` (answered late even without any wait for a busy replica: the round trip
         # itself), ``lag_shed`` (shed before admission because the frontend was behind; the
-        # query runner counts them, and counts them in ``offered`` too: they are load).
+        # query runner counts them, and counts them in ``offered`` too: they are load). And
+        # ``abandoned``: inputs dropped at dispatch because every query waiting for them was
+        # abandoned (their clients left).
         self.offered = 0
         self.shed = 0
         self.late = 0
         self.stalled = 0
         self.overran = 0
         self.lag_shed = 0
+        self.abandoned = 0
         # Probing (see _probe): admission lets everything in until _probe_until.
         self.probes = 0
         self._probe_until = float("-inf")
@@ -428,6 +432,13 @@ class ModelScheduler:
             self._wait.dispatched(d.count)
             idle = self._idle_since()
             tasks = q.pop(d.count)
+            cutoff = self.cache.abandoned_at
+            for t in tasks:  # one float compare per input unless a query was abandoned
+                if t.enqueued_at <= cutoff:
+                    tasks = self._live(tasks, d.count, cutoff)
+                    break
+            if not tasks:
+                continue  # all abandoned: decide again on what is left
             try:
                 msg_id = self.transport.send_batch(
                     r.link, self.mv.input_type, [t.payload for t in tasks]
@@ -443,6 +454,31 @@ class ModelScheduler:
         if q:
             # Nobody free: a response will pump again; meanwhile expire what cannot make it.
             self._arm(now, max(q.earliest_deadline() - now, 0.0))
+
+    def _live(self, tasks: list[Task], want: int, cutoff: float) -> list[Task]:
+        """``tasks`` without the inputs whose every waiter was abandoned (dropped here, never
+        sent), topped up from the queue so that their batch slots go to live queries. Only
+        inputs queued before the latest abandon (``cutoff``) can have abandoned waiters."""
+        q = self.queue
+        live: list[Task] = []
+        while True:
+            for t in tasks:
+                if t.enqueued_at <= cutoff and (
+                    self.cache.all_abandoned(t.key) if t.key is not None else abandoned(t.waiter)
+                ):
+                    self._drop_abandoned(t)
+                else:
+                    live.append(t)
+            if len(live) >= want or not q:
+                return live
+            tasks = q.pop(want - len(live))
+
+    def _drop_abandoned(self, task: Task) -> None:
+        self.abandoned += 1
+        self._abandoned.inc()
+        # The waiters left are abandoned queries' (they ignore it); the cache's pending entry
+        # goes with them, so that a later identical query computes the input afresh.
+        self._deliver(task, None, ClientGone("every query waiting for this input was abandoned"))
 
     def _arm(self, now: float, seconds: float) -> None:
         at = now + seconds

@@ -44,12 +44,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HEALTH_PATHS",
+    "ClientWatcher",
     "HttpLimits",
     "HttpServer",
     "Router",
     "Stream",
     "StreamingRespond",
     "is_health_path",
+    "watch_client",
 ]
 
 log = logging.getLogger("clipper.http")
@@ -238,12 +240,37 @@ _IDLE, _HEAD, _BODY = 0, 1, 2
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
-class _Slot:
-    __slots__ = ("data", "keep_alive")
+class ClientWatcher(Protocol):
+    """Told once when a request's client goes away before its answer (see :func:`watch_client`)."""
 
-    def __init__(self, keep_alive: bool) -> None:
+    def client_gone(self) -> None: ...
+
+
+class _Slot:
+    """One request's place in its connection's answer order; on the query port it is also
+    the request's ``respond`` (an object, not a closure: it can carry a watcher)."""
+
+    __slots__ = ("conn", "data", "keep_alive", "watcher")
+
+    def __init__(self, conn: _Connection, keep_alive: bool) -> None:
+        self.conn = conn
         self.keep_alive = keep_alive
         self.data: bytes | None = None
+        self.watcher: ClientWatcher | None = None
+
+    def __call__(self, status: int, data: bytes, content_type: bytes = JSON, /) -> None:
+        self.conn._answer(self, status, data, content_type)
+
+
+def watch_client(respond: Respond, watcher: ClientWatcher) -> None:
+    """Tell ``watcher`` if the connection of the request that ``respond`` answers closes (the
+    client closed or reset it) before the answer is written: every request it holds, the
+    pipelined ones too, is then owed to nobody. A ``respond`` of another kind (a test's, the
+    admin port's) has no such signal: nothing is watched."""
+    if type(respond) is _Slot:
+        respond.watcher = watcher
+    elif type(respond) is _StreamingResponder:
+        respond._slot.watcher = watcher
 
 
 class _Connection(asyncio.Protocol):
@@ -336,11 +363,26 @@ class _Connection(asyncio.Protocol):
         # frees the connection at once rather than at the next cyclic garbage collection.
         self.transport = None
         del self.parser
-        self._slots.clear()
+        if self._slots:
+            self._owed_to_nobody()
         self._headers = {}
         self._body = []
         if self._stream is not None:
             self._stream._lost()
+
+    def _owed_to_nobody(self) -> None:
+        """The connection is gone with answers owed: tell each request's watcher (a query
+        still waiting is abandoned, and its inputs leave the queue)."""
+        slots = list(self._slots)
+        self._slots.clear()
+        for slot in slots:
+            watcher = slot.watcher
+            if watcher is not None and slot.data is None:
+                slot.watcher = None
+                try:
+                    watcher.client_gone()
+                except Exception:  # one broken watcher must not keep the others waiting
+                    log.exception("telling a request that its client went away failed")
 
     def data_received(self, data: bytes) -> None:
         if self._broken or self._closed:
@@ -536,7 +578,7 @@ class _Connection(asyncio.Protocol):
                        "plain HTTP/1.1 requests")  # fmt: skip
             return
         keep_alive = self.parser.should_keep_alive() and not self._health_only
-        slot = _Slot(keep_alive)
+        slot = _Slot(self, keep_alive)
         self._slots.append(slot)
         too_large, body_parts, url, headers = self._too_large, self._body, self._url, self._headers
         self._reset()
@@ -562,14 +604,7 @@ class _Connection(asyncio.Protocol):
             )), JSON)  # fmt: skip
             return
 
-        respond: Respond
-        if self.server.streaming:
-            respond = _StreamingResponder(self, slot)
-        else:
-
-            def respond(status: int, data: bytes, content_type: bytes = JSON) -> None:
-                self._answer(slot, status, data, content_type)
-
+        respond: Respond = _StreamingResponder(self, slot) if self.server.streaming else slot
         try:
             self.server.router(self.parser.get_method(), path, headers, body, respond, t0=t0)
         except RequestError as err:
@@ -639,14 +674,13 @@ class _Connection(asyncio.Protocol):
             return
         self._broken = True
         self.transport.pause_reading()
-        slot = _Slot(False)
+        slot = _Slot(self, False)
         self._slots.append(slot)
         self._answer(slot, status, _error_doc(status, cause), JSON)
 
 
 class _StreamingResponder:
-    """``respond`` on a streaming server: an object, so that it can also open a stream (a
-    closure, as the query port uses, costs less per request)."""
+    """``respond`` on a streaming server: it can also open a stream."""
 
     __slots__ = ("_conn", "_slot")
 

@@ -19,9 +19,9 @@ import orjson
 from clipper.errors import BadInputError, NotFoundError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.clipper_rest import PredictParser, parse_feedback
-from clipper.frontend.http import JSON, Respond, error_body, json_response
+from clipper.frontend.http import JSON, Respond, error_body, json_response, watch_client
 from clipper.frontend.model_failure import model_failure
-from clipper.query.prediction import Prediction, answer_failed
+from clipper.query.prediction import CancellableReply, Prediction, answer_failed
 from clipper.query.runtime import QueryServices
 from clipper.registry import Application
 
@@ -89,15 +89,17 @@ def encode_predictions(predictions: list[Prediction]) -> bytes:
     return orjson.dumps({"batch_predictions": [_document(p) for p in predictions]}, option=_NUMPY)
 
 
-class RestReply:
+class RestReply(CancellableReply):
     """A Clipper REST request's :class:`~clipper.frontend.prediction.Reply` (predict) or
-    :class:`~clipper.frontend.prediction.FeedbackReply` (update)."""
+    :class:`~clipper.frontend.prediction.FeedbackReply` (update). A predict's client that
+    closes or resets its connection first abandons the query (:func:`watch_client`)."""
 
     __slots__ = ("app", "apps", "respond")
 
     def __init__(
         self, respond: Respond, apps: dict[str, Application] | None = None, app: str = ""
     ) -> None:
+        self._watcher = None  # CancellableReply's, set here: one call less per request
         self.respond = respond
         self.apps = apps  # where the application's on_model_error is read, once answered
         self.app = app
@@ -157,6 +159,7 @@ class QueryRoutes:
                     raise NotFoundError(f"no application named '{app}'")
                 payloads, version, uid = self._parse(application, body)
                 reply = RestReply(respond, self._apps, app)
+                watch_client(respond, reply)
                 self._predict(application, payloads, version, uid, reply, t0)
                 return
             if verb == "update" and app:

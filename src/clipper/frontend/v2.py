@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from clipper.errors import BadInputError, NotFoundError, RequestError
-from clipper.frontend.http import JSON, Respond
+from clipper.frontend.http import JSON, Respond, watch_client
 from clipper.frontend.model_failure import model_failure
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
@@ -36,7 +36,7 @@ from clipper.frontend.v2_request import (
     tensor_datatype,
     timeout_slo,
 )
-from clipper.query.prediction import Prediction, answer_failed
+from clipper.query.prediction import CancellableReply, Prediction, answer_failed
 from clipper.version import __version__
 
 if TYPE_CHECKING:
@@ -327,11 +327,12 @@ def _infer(  # noqa: PLR0917
     payloads = input_payloads(app, request.inputs, svc.max_items)
     model_version = resolve_version(svc.catalog.registry, app, version)
     reply = _V2Reply(respond, app, model_version, request)
+    watch_client(respond, reply)  # a client that leaves first abandons the query
     arrived = svc.clock.now() if t0 is None else t0
     svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s)
 
 
-class _V2Reply:
+class _V2Reply(CancellableReply):
     """A REST infer request's :class:`~clipper.frontend.prediction.Reply`."""
 
     __slots__ = ("app", "model", "request", "respond", "version")
@@ -339,6 +340,7 @@ class _V2Reply:
     def __init__(
         self, respond: Respond, app: Application, version: str, request: InferRequest
     ) -> None:
+        super().__init__()
         self.respond = respond
         self.app = app
         self.model = app.name

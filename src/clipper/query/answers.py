@@ -57,6 +57,10 @@ class Answers:
         """One input of ``app`` got the default output for ``reason``."""
         self.metrics.defaults.labels(app=app, reason=reason).inc()
 
+    def abandoned(self, app: str) -> None:
+        """A query of ``app`` was abandoned: its client went away before its answer."""
+        self.metrics.abandoned.labels(app=app).inc()
+
     def forget_app(self, app: str) -> None:
         """A deleted application: its metric series go, and the children held for them."""
         self._app_metrics.pop(app, None)

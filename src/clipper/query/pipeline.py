@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from clipper.batching.scheduler import ModelScheduler
+from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import BadInputError, DeadlineExceeded, OverloadedError, RequestError
 from clipper.inputs import InputType, parse_input
@@ -28,6 +29,7 @@ from clipper.pipeline.values import DROPPED, decode_payload, plain, resolve
 from clipper.query.answers import Answers
 from clipper.query.kinds import RunnerTable
 from clipper.query.prediction import (
+    CancellableReply,
     DefaultReason,
     Prediction,
     QueryRejected,
@@ -45,13 +47,14 @@ log = logging.getLogger("clipper.pipeline")
 _REQUEST_REF = Ref(REQUEST, ())
 
 
-class _Call:
+class _Call(Abandonable, CancellableReply):
     """One running stage of one query: a waiter for a model's output, or the reply of an
-    application stage's query."""
+    application stage's query (told when the pipeline's client goes away)."""
 
     __slots__ = ("deadline", "over", "payload", "run", "sched", "stage", "started", "timer")
 
     def __init__(self, run: _Run, stage: Stage, started: float, deadline: float) -> None:
+        CancellableReply.__init__(self)
         self.run = run
         self.stage = stage
         self.started = started
@@ -62,6 +65,12 @@ class _Call:
         self.payload = b""
 
     # the cache's waiter
+    def __call__(self, value: object, err: BaseException | None, /) -> None:
+        self.done(value, err)
+
+    def abandoned(self) -> bool:
+        return self.run.q.gone
+
     def done(self, value: object, err: BaseException | None) -> None:
         if self.over:
             return
@@ -247,8 +256,8 @@ class _Run:
 
 
 class _PipelineQuery:
-    __slots__ = ("app", "end", "pipeline", "plan", "predictions", "remaining", "reply",
-                 "reserves", "rt", "t0", "uid", "weights")  # fmt: skip
+    __slots__ = ("app", "end", "gone", "pipeline", "plan", "predictions", "remaining", "reply",
+                 "reserves", "rt", "runs", "t0", "uid", "weights")  # fmt: skip
 
     def __init__(self, rt: PipelineRunner, app: Application, n: int, reply: Reply) -> None:
         self.rt = rt
@@ -264,6 +273,30 @@ class _PipelineQuery:
         self.uid = ""
         self.reserves: dict[str, float] = {}
         self.weights: dict[str, float] = {}
+        self.runs: list[_Run] = []
+        self.gone = False  # the client went away: nothing is answered, no stage starts
+
+    def abandon(self) -> None:
+        """The client went away: no further stage starts, the running ones stop (an
+        application stage's query is abandoned in turn), and the inputs no live query shares
+        are dropped from their queues at dispatch."""
+        if self.reply is None:
+            return
+        self.reply = None
+        self.gone = True
+        for run in self.runs:
+            run.over = True
+            calls = list(run.calls.values())
+            run.calls.clear()
+            for call in calls:
+                call.over = True
+                if call.timer is not None:
+                    call.timer.cancel()
+                    call.timer = None
+                call.client_gone()
+        self.runs.clear()
+        self.rt.answers.abandoned(self.app.name)
+        self.rt.seam.abandoned()
 
     def stage_metrics(self, stage: str) -> tuple[Any, Any, dict[str, Any]]:
         return self.rt.metrics.stage(self.app.name, stage)
@@ -281,6 +314,7 @@ class _PipelineQuery:
         self.remaining -= 1
         if self.remaining == 0 and self.reply is not None:
             reply, self.reply = self.reply, None
+            self.runs.clear()  # no cycle left through the runs
             try:
                 reply.answer(self.rt.answered(self))
             except Exception as e:  # runs in a replica's or a timer's callback
@@ -360,7 +394,11 @@ class PipelineRunner:
         for i, payload in enumerate(payloads):
             if q.reply is None:
                 break
-            _Run(q, i, payload).advance()
+            run = _Run(q, i, payload)
+            q.runs.append(run)
+            run.advance()
+        if q.reply is not None and isinstance(reply, CancellableReply):
+            reply.watch(q)  # it waits: a client that leaves stops its stages
 
     def admission(self, q: _PipelineQuery) -> str | None:
         """Why the query cannot make it (the required stages on a path expect to take longer
@@ -446,7 +484,7 @@ class PipelineRunner:
     def submit(self, call: _Call) -> None:
         sched = call.sched
         assert sched is not None
-        if self.seam.submit(call.run.q.app, sched, call.payload, call.deadline, call.done):
+        if self.seam.submit(call.run.q.app, sched, call.payload, call.deadline, call):
             sched.pump()
 
     def ask_app(self, call: _Call, uid: str) -> None:

@@ -21,7 +21,9 @@ from clipper.errors import PayloadTooLarge, RequestError
 __all__ = [
     "NO_MODELS",
     "SLO_MISSED",
+    "Abandon",
     "AnswerFailed",
+    "CancellableReply",
     "DefaultReason",
     "FeedbackReply",
     "Prediction",
@@ -92,6 +94,52 @@ class Reply(Protocol):
 
     def fail(self, err: RequestError) -> None:
         """The query was refused after it was accepted (503 under overload)."""
+
+
+class Abandon(Protocol):
+    """What a runner registers on a :class:`CancellableReply`: its query, told once that the
+    client went away."""
+
+    def abandon(self) -> None:
+        """Stop working for the client: answer nothing, release the inputs still queued."""
+
+
+class _Gone:
+    """The watcher slot's mark of a client that left before a runner registered."""
+
+    __slots__ = ()
+
+    def abandon(self) -> None:
+        pass
+
+
+_GONE = _Gone()
+
+
+class CancellableReply:
+    """A :class:`Reply` whose protocol notices a client that goes away before the answer (a
+    closed or reset HTTP connection, a reset gRPC stream) and says so (:meth:`client_gone`).
+    A runner whose query waits registers it (:meth:`watch`); a reply with no such signal
+    simply is not one of these, and its queries run to their answer."""
+
+    __slots__ = ("_watcher",)
+
+    def __init__(self) -> None:
+        self._watcher: Abandon | None = None
+
+    def watch(self, query: Abandon) -> None:
+        """Tell ``query`` when the client goes away (at once if it has already)."""
+        if self._watcher is _GONE:
+            query.abandon()
+        else:
+            self._watcher = query
+
+    def client_gone(self) -> None:
+        """The protocol's signal: no answer can reach the client any more. Once; harmless
+        after the answer (the runner's query ignores it then)."""
+        watcher, self._watcher = self._watcher, _GONE
+        if watcher is not None and watcher is not _GONE:
+            watcher.abandon()
 
 
 class FeedbackReply(Protocol):

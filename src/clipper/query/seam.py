@@ -62,6 +62,11 @@ class SubmitSeam(Protocol):
     def explain(self, model: str, err: BaseException) -> tuple[DefaultReason, str]:
         """Why ``err`` means the default output, in the metric's reason and in words."""
 
+    def abandoned(self) -> None:
+        """A query was abandoned (its client went away): from now on its waiters say so
+        (:class:`~clipper.cache.Abandonable`), and the schedulers drop an input queued before
+        now when every waiter for it is abandoned, at dispatch."""
+
     def peek(self, model: str, version: str, payload: bytes) -> Any:
         """The cached output for the input, or None (not counted as a hit or a miss)."""
 
@@ -112,6 +117,9 @@ class Submitter:
 
     def explain(self, model: str, err: BaseException) -> tuple[DefaultReason, str]:
         return explain(model, err)
+
+    def abandoned(self) -> None:
+        self.cache.note_abandoned(self.clock.now())
 
     def peek(self, model: str, version: str, payload: bytes) -> Any:
         return self.cache.peek((model, version, payload))

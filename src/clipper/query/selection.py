@@ -24,6 +24,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle, wait_all
 from clipper.errors import (
     BadInputError,
@@ -36,6 +37,7 @@ from clipper.errors import (
 from clipper.metrics import Metrics
 from clipper.query.answers import Answers
 from clipper.query.prediction import (
+    CancellableReply,
     DefaultReason,
     FeedbackReply,
     Prediction,
@@ -291,6 +293,8 @@ class SelectionRunner:
             q.timer = self.clock.call_later(
                 max(deadline - app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
             )
+            if isinstance(reply, CancellableReply):
+                reply.watch(q)  # it waits: a client that leaves frees its inputs
 
     # -- feedback ----------------------------------------------------------------------------
     def feedback(
@@ -429,6 +433,7 @@ class EnsembleQuery:
         "chosen",
         "deadline",
         "errors",
+        "gone",
         "n",
         "outputs",
         "remaining",
@@ -467,12 +472,23 @@ class EnsembleQuery:
         self.t0 = t0
         self.deadline = deadline
         self.timer: TimerHandle | None = None
+        self.gone = False  # the client went away: nothing is answered
 
     def waiter(self, i: int, model: str) -> Waiter:
-        def done(value: object, err: BaseException | None) -> None:
-            self.fill(i, model, value, err)
+        return _Member(self, i, model)
 
-        return done
+    def abandon(self) -> None:
+        """The client went away: answer nothing; the inputs no live query shares are dropped
+        at dispatch."""
+        if self.reply is None:
+            return
+        self.reply = None
+        self.gone = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.run.answers.abandoned(self.app.name)
+        self.run.seam.abandoned()
 
     def fill(self, i: int, model: str, value: object, err: BaseException | None) -> None:
         if self.reply is None:
@@ -503,6 +519,23 @@ class EnsembleQuery:
             reply.answer(self.run.predictions(self))
         except Exception as e:  # runs in a replica's or the timer's callback
             fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
+
+
+class _Member(Abandonable):
+    """The waiter of one chosen model's output for one input of an :class:`EnsembleQuery`."""
+
+    __slots__ = ("i", "model", "q")
+
+    def __init__(self, q: EnsembleQuery, i: int, model: str) -> None:
+        self.q = q
+        self.i = i
+        self.model = model
+
+    def __call__(self, value: object, err: BaseException | None, /) -> None:
+        self.q.fill(self.i, self.model, value, err)
+
+    def abandoned(self) -> bool:
+        return self.q.gone
 
 
 def _late(q: EnsembleQuery, missing: list[str]) -> BaseException:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from clipper.batching.scheduler import ModelScheduler
+from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import DeadlineExceeded, OverloadedError
 from clipper.query.answers import Answers
@@ -21,6 +22,7 @@ from clipper.query.loop_lag import LoopLagMonitor
 from clipper.query.prediction import (
     NO_MODELS,
     SLO_MISSED,
+    CancellableReply,
     DefaultReason,
     Prediction,
     QueryProcessingError,
@@ -45,12 +47,16 @@ LAG_FLOOR_S = 0.002
 LATE_ARRIVAL_SHARE = 0.25
 
 
-class _Query:
+class _Query(Abandonable):
+    """One request. It is also the waiter of its first input (the common request has one: no
+    closure per query); the others get an :class:`_Input` each."""
+
     __slots__ = (
         "app",
         "deadline",
         "defaults",
         "explanations",
+        "gone",
         "model",
         "n",
         "outputs",
@@ -84,12 +90,29 @@ class _Query:
         self.payloads: list[bytes] = []
         self.sched: ModelScheduler | None = None
         self.shadow: ShadowCopies | None = None  # until its copies are fired
+        self.gone = False  # the client went away: nothing is answered
 
     def waiter(self, i: int) -> Waiter:
-        def done(value: object, err: BaseException | None) -> None:
-            self.fill(i, value, err)
+        return self if i == 0 else _Input(self, i)
 
-        return done
+    # the first input's waiter
+    def __call__(self, value: object, err: BaseException | None, /) -> None:
+        self.fill(0, value, err)
+
+    def abandoned(self) -> bool:
+        return self.gone
+
+    def abandon(self) -> None:
+        """The client went away: answer nothing, and let the schedulers drop this query's
+        inputs that no live query shares (they check the waiters at dispatch)."""
+        if self.reply is None:
+            return  # answered already
+        self.reply = None
+        self.gone = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.run.abandoned(self.app.name)
 
     def fill(self, i: int, value: object, err: BaseException | None) -> None:
         if self.reply is None or self.remaining == 0:
@@ -167,6 +190,22 @@ class _Query:
             reply.answer(self.run.predictions(self))
         except Exception as e:  # runs in a replica's or the timer's callback
             fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
+
+
+class _Input(Abandonable):
+    """The waiter of a request's input after the first."""
+
+    __slots__ = ("i", "q")
+
+    def __init__(self, q: _Query, i: int) -> None:
+        self.q = q
+        self.i = i
+
+    def __call__(self, value: object, err: BaseException | None, /) -> None:
+        self.q.fill(self.i, value, err)
+
+    def abandoned(self) -> bool:
+        return self.q.gone
 
 
 class SingleRunner:
@@ -259,6 +298,8 @@ class SingleRunner:
             q.timer = self.clock.call_later(
                 max(q.deadline - app.answer_margin_s - self.clock.now(), 0.0), q.on_deadline
             )
+            if isinstance(reply, CancellableReply):
+                reply.watch(q)  # it waits: a client that leaves frees its inputs
 
     def _unavailable(
         self, model: str, version: str, sched: ModelScheduler | None
@@ -328,6 +369,11 @@ class SingleRunner:
                 answers.defaulted(app_name, reason)
                 out.append(Prediction(next(ids), q.outputs[i], reason, q.explanations[i]))
         return out
+
+    def abandoned(self, app: str) -> None:
+        """A query of ``app`` was abandoned: counted, and the schedulers told to look."""
+        self.answers.abandoned(app)
+        self.seam.abandoned()
 
     def forget_app(self, app: str) -> None:
         """Nothing is kept per application here."""

@@ -191,7 +191,7 @@ class HeaderCache:
 
 
 class _Stream:
-    __slots__ = ("body", "ctype", "done", "id", "path", "pending", "recv", "window")
+    __slots__ = ("body", "ctype", "done", "id", "path", "pending", "recv", "reply", "window")
 
     def __init__(self, sid: int, window: int) -> None:
         self.id = sid
@@ -202,6 +202,7 @@ class _Stream:
         self.ctype = b""
         self.pending: deque[bytes] | None = None  # DATA payloads waiting for window, + trailers
         self.done = False  # answered or reset: a late answer is dropped
+        self.reply: InferReply | None = None  # a ModelInfer waiting for its answer
 
 
 class _NativeReply(InferReply):
@@ -276,10 +277,22 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
-        for s in self.streams.values():
-            s.done = True
+        streams = list(self.streams.values())
         self.streams.clear()
         self.blocked.clear()
+        for s in streams:
+            s.done = True
+            self._cancelled(s)
+
+    def _cancelled(self, stream: _Stream) -> None:
+        """The client reset ``stream`` or its connection went before the answer: the query
+        waiting for it is abandoned (its inputs leave the queue)."""
+        reply, stream.reply = stream.reply, None
+        if reply is not None:
+            try:
+                reply.client_gone()
+            except Exception:  # one broken query must not keep the connection's others
+                log.exception("abandoning a cancelled ModelInfer failed")
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -328,6 +341,7 @@ class _Connection(asyncio.Protocol):
 
     def _end(self, stream: _Stream) -> None:
         stream.done = True
+        stream.reply = None
         self.streams.pop(stream.id, None)
         self.blocked.pop(stream.id, None)
 
@@ -466,6 +480,7 @@ class _Connection(asyncio.Protocol):
                 raise ProtocolError(PROTOCOL_ERROR, "RST_STREAM on stream 0")
             stream = self.streams.get(sid)
             if stream is not None:
+                self._cancelled(stream)
                 self._end(stream)
         elif kind == GOAWAY:
             if sid != 0 or len(payload) < 8:
@@ -652,8 +667,12 @@ class _Connection(asyncio.Protocol):
             submit_infer(self.server.svc, request, reply)
         except RequestError as err:
             reply.fail(err)
+            return
+        if not stream.done:
+            stream.reply = reply  # waits: a reset of the stream abandons the query
 
     def _reset(self, stream: _Stream, code: int) -> None:
+        self._cancelled(stream)  # no answer can go on a stream we reset
         self._end(stream)
         self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
 

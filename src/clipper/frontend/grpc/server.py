@@ -42,7 +42,7 @@ from clipper.frontend.v2_request import (
     resolve_version,
     timeout_slo,
 )
-from clipper.query.prediction import Prediction, answer_failed
+from clipper.query.prediction import CancellableReply, Prediction, answer_failed
 
 if TYPE_CHECKING:
     from clipper.query.runtime import QueryServices
@@ -168,15 +168,17 @@ async def abort(context: Any, err: RequestError) -> NoReturn:
     raise AssertionError("unreachable")
 
 
-class InferReply:
+class InferReply(CancellableReply):
     """A ModelInfer call's :class:`~clipper.frontend.prediction.Reply`, shared by both
     transports: :func:`submit_infer` fills in what the response needs, :meth:`answer` builds
     the ModelInferResponse (:func:`encode_response`) and hands it to :meth:`deliver`; an error
-    goes to :meth:`fail`. Each transport says how to deliver."""
+    goes to :meth:`fail`. Each transport says how to deliver, and calls :meth:`client_gone`
+    when the call is cancelled (its stream reset, its connection lost) before the answer."""
 
     __slots__ = ("app", "infer", "model", "version")
 
     def __init__(self) -> None:
+        super().__init__()
         self.model = ""
         self.version = ""
         self.infer: InferRequest | None = None
@@ -300,11 +302,18 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        reply = _Pending(done)
         try:
-            submit_infer(self.svc, request, _Pending(done))
+            submit_infer(self.svc, request, reply)
         except RequestError as err:
             await abort(context, err)
-        result = await done
+        try:
+            result = await done
+        except asyncio.CancelledError:
+            # grpc.aio cancels the handler when the client cancels the call (RST_STREAM) or
+            # its connection goes: the query is abandoned, its inputs leave the queue.
+            reply.client_gone()
+            raise
         if isinstance(result, RequestError):
             await abort(context, result)
         return result
