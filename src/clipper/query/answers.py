@@ -1,5 +1,6 @@
 """Answered queries, counted: query ids, and the per-application request, latency and
-default-output metrics every runner records the same way.
+default-output metrics every runner records the same way; and :class:`PendingQuery`, what
+every runner's query holds until it is answered once (or its client goes away).
 
 The latency histogram shows what clients see: from the request's first byte to its answer, plus
 the time it waited in its socket before the loop read it (the loop-lag monitor's estimate;
@@ -9,14 +10,60 @@ deadlines still count from the first byte).
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Protocol
 
-from clipper.clock import Clock
+from clipper.clock import Clock, TimerHandle
 from clipper.metrics import Metrics
 from clipper.query.loop_lag import LoopLagMonitor
-from clipper.query.prediction import DefaultReason
+from clipper.query.prediction import DefaultReason, Prediction, Reply, fail_internal
+from clipper.registry import Application
 
-__all__ = ["Answers"]
+__all__ = ["Answers", "PendingQuery"]
+
+
+class _Answering(Protocol):
+    def predictions(self, q: Any) -> list[Prediction]:
+        """The finished query's predictions, counted."""
+
+
+class PendingQuery:
+    """One request's answer, still owed: its reply (None once answered or abandoned), its
+    deadline timer, and whether its client went away. :meth:`finish` answers exactly once with
+    what the runner makes of the query; a failure while answering becomes a 500, never no
+    answer (it runs in a replica's or the timer's callback)."""
+
+    __slots__ = ("app", "gone", "reply", "run", "t0", "timer")
+
+    app: Application
+    gone: bool
+    reply: Reply | None
+    run: _Answering
+    t0: float
+    timer: TimerHandle | None
+
+    def finish(self) -> None:
+        reply = self.reply
+        assert reply is not None
+        self.reply = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        try:
+            reply.answer(self.run.predictions(self))
+        except Exception as e:
+            fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
+
+    def drop(self) -> bool:
+        """The client went away: answer nothing from now on. False when it was answered
+        already (nothing to drop)."""
+        if self.reply is None:
+            return False
+        self.reply = None
+        self.gone = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        return True
 
 
 class Answers:

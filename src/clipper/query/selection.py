@@ -35,7 +35,7 @@ from clipper.errors import (
     RequestError,
 )
 from clipper.metrics import Metrics
-from clipper.query.answers import Answers
+from clipper.query.answers import Answers, PendingQuery
 from clipper.query.prediction import (
     CancellableReply,
     DefaultReason,
@@ -424,26 +424,21 @@ class SelectionRunner:
         self._tasks.clear()
 
 
-class EnsembleQuery:
+class EnsembleQuery(PendingQuery):
     """One request to a multi-model application: ``n`` inputs by the chosen models."""
 
     __slots__ = (
-        "app",
         "available",
         "chosen",
         "deadline",
         "errors",
-        "gone",
         "n",
         "outputs",
         "remaining",
-        "reply",
-        "run",
         "sel",
         "state",
-        "t0",
-        "timer",
     )
+    run: SelectionRunner
 
     def __init__(
         self,
@@ -480,13 +475,8 @@ class EnsembleQuery:
     def abandon(self) -> None:
         """The client went away: answer nothing; the inputs no live query shares are dropped
         at dispatch."""
-        if self.reply is None:
+        if not self.drop():
             return
-        self.reply = None
-        self.gone = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         self.run.answers.abandoned(self.app.name)
         self.run.seam.abandoned()
 
@@ -507,18 +497,6 @@ class EnsembleQuery:
         self.timer = None
         if self.reply is not None:
             self.finish()
-
-    def finish(self) -> None:
-        reply = self.reply
-        assert reply is not None
-        self.reply = None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        try:
-            reply.answer(self.run.predictions(self))
-        except Exception as e:  # runs in a replica's or the timer's callback
-            fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
 
 
 class _Member(Abandonable):

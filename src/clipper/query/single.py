@@ -17,7 +17,7 @@ from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import DeadlineExceeded, OverloadedError
-from clipper.query.answers import Answers
+from clipper.query.answers import Answers, PendingQuery
 from clipper.query.loop_lag import LoopLagMonitor
 from clipper.query.prediction import (
     NO_MODELS,
@@ -29,7 +29,6 @@ from clipper.query.prediction import (
     QueryRejected,
     Reply,
     Waiter,
-    fail_internal,
 )
 from clipper.query.seam import SubmitSeam
 from clipper.query.traffic import ShadowCopies, Traffic
@@ -47,29 +46,24 @@ LAG_FLOOR_S = 0.002
 LATE_ARRIVAL_SHARE = 0.25
 
 
-class _Query(Abandonable):
+class _Query(Abandonable, PendingQuery):
     """One request. It is also the waiter of its first input (the common request has one: no
     closure per query); the others get an :class:`_Input` each."""
 
     __slots__ = (
-        "app",
         "deadline",
         "defaults",
         "explanations",
-        "gone",
         "model",
         "n",
         "outputs",
         "payloads",
         "remaining",
-        "reply",
-        "run",
         "sched",
         "shadow",
-        "t0",
-        "timer",
         "version",
     )
+    run: SingleRunner
 
     def __init__(
         self, run: SingleRunner, app: Application, n: int, *, reply: Reply, t0: float, model: str
@@ -105,14 +99,8 @@ class _Query(Abandonable):
     def abandon(self) -> None:
         """The client went away: answer nothing, and let the schedulers drop this query's
         inputs that no live query shares (they check the waiters at dispatch)."""
-        if self.reply is None:
-            return  # answered already
-        self.reply = None
-        self.gone = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        self.run.abandoned(self.app.name)
+        if self.drop():
+            self.run.abandoned(self.app.name)
 
     def fill(self, i: int, value: object, err: BaseException | None) -> None:
         if self.reply is None or self.remaining == 0:
@@ -178,18 +166,6 @@ class _Query(Abandonable):
         if self.timer is not None:
             self.timer.cancel()
         reply.fail(QueryRejected(cause))
-
-    def finish(self) -> None:
-        reply = self.reply
-        assert reply is not None
-        self.reply = None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        try:
-            reply.answer(self.run.predictions(self))
-        except Exception as e:  # runs in a replica's or the timer's callback
-            fail_internal(reply, f"answering a query of application '{self.app.name}'", e)
 
 
 class _Input(Abandonable):
