@@ -274,7 +274,10 @@ def run_loadgen(
     share = c.defaults / max(c.answered, 1)
     notes = []
     if not loadgen_valid:
-        notes.append("LoadGen: INVALID")
+        # Which of LoadGen's conditions failed (latency bound, duration, query count, early
+        # stopping: too few queries to bound the percentile).
+        unmet = re.findall(r"^\s*(.+?) satisfied\s*:\s*NO", summary, re.MULTILINE | re.IGNORECASE)
+        notes.append("LoadGen: INVALID" + (f" ({', '.join(unmet)} not met)" if unmet else ""))
     if share > DEFAULTS_ALLOWED:
         notes.append(f"defaults {share:.2%}")
     if c.errors:
