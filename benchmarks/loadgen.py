@@ -53,6 +53,7 @@ import orjson
 import uvloop
 
 __all__ = [
+    "KeepAliveConnection",
     "LoadResult",
     "SustainableRate",
     "closed_loop",
@@ -367,14 +368,15 @@ class _Stats:
             self.errors[kind] = self.errors.get(kind, 0) + n
 
 
-class _Conn(asyncio.Protocol):
-    """One keep-alive connection with at most one request outstanding."""
+class KeepAliveConnection(asyncio.Protocol):
+    """One keep-alive connection with at most one request outstanding (``request`` is what
+    :meth:`send` writes; a caller with a body per send sets it before each)."""
 
     def __init__(
         self,
         request: bytes,
-        on_response: Callable[[_Conn, int, bytes, int], None],
-        on_lost: Callable[[_Conn], None],
+        on_response: Callable[[KeepAliveConnection, int, bytes, int], None],
+        on_lost: Callable[[KeepAliveConnection], None],
     ) -> None:
         self.request = request
         self.on_response = on_response
@@ -489,7 +491,7 @@ async def closed_loop_async(
     stats = _Stats(parse_limit)
     state = {"sent": 0, "outstanding": 0, "stopping": False, "opened": 0}
     finished = loop.create_future()
-    conns: list[_Conn] = []
+    conns: list[KeepAliveConnection] = []
     tasks: set[asyncio.Task[None]] = set()
 
     def spawn_connect() -> None:
@@ -500,7 +502,7 @@ async def closed_loop_async(
     def may_send() -> bool:
         return not state["stopping"] and (requests is None or state["sent"] < requests)
 
-    def send(conn: _Conn) -> None:
+    def send(conn: KeepAliveConnection) -> None:
         state["sent"] += 1
         state["outstanding"] += 1
         conn.send(time.perf_counter_ns())
@@ -509,7 +511,7 @@ async def closed_loop_async(
         if state["outstanding"] == 0 and not may_send() and not finished.done():
             finished.set_result(None)
 
-    def on_response(conn: _Conn, status: int, rbody: bytes, start_ns: int) -> None:
+    def on_response(conn: KeepAliveConnection, status: int, rbody: bytes, start_ns: int) -> None:
         now = time.perf_counter_ns()
         state["outstanding"] -= 1
         stats.record(status, rbody, now - start_ns, now)
@@ -522,7 +524,7 @@ async def closed_loop_async(
                 send(conn)
         check_done()
 
-    def on_lost(conn: _Conn) -> None:
+    def on_lost(conn: KeepAliveConnection) -> None:
         if conn.busy:
             conn.busy = False
             state["outstanding"] -= 1
@@ -531,10 +533,10 @@ async def closed_loop_async(
                 spawn_connect()
             check_done()
 
-    def factory() -> _Conn:
-        return _Conn(request, on_response, on_lost)
+    def factory() -> KeepAliveConnection:
+        return KeepAliveConnection(request, on_response, on_lost)
 
-    async def connect() -> _Conn | None:
+    async def connect() -> KeepAliveConnection | None:
         try:
             _, proto = await loop.create_connection(factory, host, port)
         except OSError:
@@ -651,8 +653,8 @@ async def open_loop_async(
     host, port, _ = _split_url(url)
     request = _build_request(url, body)
     stats = _Stats(parse_limit)
-    idle: list[_Conn] = []
-    conns: list[_Conn] = []
+    idle: list[KeepAliveConnection] = []
+    conns: list[KeepAliveConnection] = []
     tasks: set[asyncio.Task[None]] = set()
     state = {"open": 0, "outstanding": 0, "dropped": 0, "opened": 0, "scheduling": True}
     drained = asyncio.Event()
@@ -661,7 +663,7 @@ async def open_loop_async(
         if not state["scheduling"] and state["outstanding"] == 0:
             drained.set()
 
-    def on_response(conn: _Conn, status: int, rbody: bytes, sched_ns: int) -> None:
+    def on_response(conn: KeepAliveConnection, status: int, rbody: bytes, sched_ns: int) -> None:
         now = time.perf_counter_ns()
         state["outstanding"] -= 1
         stats.record(status, rbody, now - sched_ns, now)
@@ -669,7 +671,7 @@ async def open_loop_async(
             idle.append(conn)
         check_drained()
 
-    def on_lost(conn: _Conn) -> None:
+    def on_lost(conn: KeepAliveConnection) -> None:
         state["open"] -= 1
         if conn in idle:
             idle.remove(conn)
@@ -679,8 +681,8 @@ async def open_loop_async(
             stats.error("read")
             check_drained()
 
-    def factory() -> _Conn:
-        return _Conn(request, on_response, on_lost)
+    def factory() -> KeepAliveConnection:
+        return KeepAliveConnection(request, on_response, on_lost)
 
     async def open_conn(sched_ns: int | None) -> None:
         try:

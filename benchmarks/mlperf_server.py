@@ -40,9 +40,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import httptools
 import orjson
 
 HERE = Path(__file__).resolve().parent
@@ -62,47 +61,6 @@ DEFAULTS_ALLOWED = 0.001  # MLPerf's 99.9% tier: a default output is a wrong ans
 # --------------------------------------------------------------------------------------------
 
 
-class _Conn(asyncio.Protocol):
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.body: list[bytes] = []
-        self.sample: Any = None
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._lost()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost()
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
-    def on_message_complete(self) -> None:
-        status = self.parser.get_status_code()
-        body = b"".join(self.body)
-        self.body.clear()
-        sample, self.sample = self.sample, None
-        self.client.answered(self, sample, status, body)
-
-    def _lost(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-        sample, self.sample = self.sample, None
-        self.client.lost(self, sample)
-
-
 @dataclass
 class Counts:
     answered: int = 0
@@ -119,7 +77,8 @@ class Client:
         self.is_default = is_default
         self.counts = Counts()
         self.loop = asyncio.new_event_loop()
-        self.idle: list[_Conn] = []
+        self.idle: list[loadgen.KeepAliveConnection] = []
+        self.sending: dict[loadgen.KeepAliveConnection, tuple[int, int]] = {}
         self.opening = 0
         self.open = 0
         self.waiting: list[Any] = []
@@ -136,8 +95,7 @@ class Client:
     def close(self) -> None:
         def shut() -> None:
             for conn in self.idle:
-                if conn.transport is not None:
-                    conn.transport.close()
+                conn.close()
             self.loop.stop()
 
         self.loop.call_soon_threadsafe(shut)
@@ -156,7 +114,11 @@ class Client:
 
     async def _connect(self) -> None:
         try:
-            _, conn = await self.loop.create_connection(lambda: _Conn(self), self.host, self.port)
+            _, conn = await self.loop.create_connection(
+                lambda: loadgen.KeepAliveConnection(b"", self.answered, self.lost),
+                self.host,
+                self.port,
+            )
         except OSError:
             self.opening -= 1
             if self.waiting:
@@ -166,30 +128,35 @@ class Client:
         self.open += 1
         self._ready(conn)
 
-    def _ready(self, conn: _Conn) -> None:
+    def _ready(self, conn: loadgen.KeepAliveConnection) -> None:
         if self.waiting:
             self._send(conn, self.waiting.pop(0))
         else:
             self.idle.append(conn)
 
-    def _send(self, conn: _Conn, sample: tuple[int, int]) -> None:
-        conn.sample = sample
-        assert conn.transport is not None
-        conn.transport.write(self.requests[sample[1] % len(self.requests)])
+    def _send(self, conn: loadgen.KeepAliveConnection, sample: tuple[int, int]) -> None:
+        self.sending[conn] = sample
+        conn.request = self.requests[sample[1] % len(self.requests)]
+        conn.send(0)
 
-    def answered(self, conn: _Conn, sample: Any, status: int, body: bytes) -> None:
+    def answered(
+        self, conn: loadgen.KeepAliveConnection, status: int, body: bytes, _start_ns: int
+    ) -> None:
+        sample = self.sending.pop(conn)
         if status != 200:
             self.counts.errors += 1
         elif self.is_default(body):
             self.counts.defaults += 1
         self.counts.answered += 1
         self._complete(sample)
-        self._ready(conn)
+        if not conn.closed:
+            self._ready(conn)
 
-    def lost(self, conn: _Conn, sample: Any) -> None:
+    def lost(self, conn: loadgen.KeepAliveConnection) -> None:
         self.open -= 1
         with contextlib.suppress(ValueError):
             self.idle.remove(conn)
+        sample = self.sending.pop(conn, None)
         if sample is not None:
             self._fail(sample)
 
