@@ -17,6 +17,7 @@ once the model replicas are connected; stops on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import time
@@ -96,8 +97,47 @@ async def run(args: argparse.Namespace) -> None:
             batching=_batching(args),
         )
         await clipper.link_model_to_app(APP, MODEL)
+        clipper.freeze_heap()  # before "ready": the load starts at once
         print("ready", flush=True)
-        await clipper.serve_forever()
+        if args.trace:
+            tracer = asyncio.get_running_loop().create_task(_trace(clipper, args.trace))
+        try:
+            await clipper.serve_forever()
+        finally:
+            if args.trace:
+                tracer.cancel()
+
+
+async def _trace(clipper: Any, path: str) -> None:
+    """Every 50 ms, one JSON line: the model's admission counters, its estimate, its batch
+    cap and queue, and the loop's lag: where the defaults of a run came from."""
+    import orjson
+
+    sched = clipper.catalog.by_key[(MODEL, VERSION)]
+    mon = clipper.loop_lag
+    with open(path, "wb") as f:  # noqa: ASYNC230 (a benchmark's diagnostic, small lines)
+        while True:
+            r = sched.replicas[0] if sched.replicas else None
+            f.write(
+                orjson.dumps(
+                    {
+                        "t": time.monotonic(),
+                        "cpu": time.process_time(),
+                        **{
+                            k: getattr(sched, k)
+                            for k in ("offered", "shed", "late", "stalled", "overran", "lag_shed")
+                        },
+                        "cap_rps": sched._capacity_rps,
+                        "batch_ms": sched.batch_latency_s * 1e3,
+                        "queue": len(sched.queue),
+                        "max_batch": r.controller.max_batch_size() if r and r.controller else 0,
+                        "lag_ms": mon.lag_s * 1e3,
+                        "backlog_ms": mon.backlog_s * 1e3,
+                    }
+                )
+                + b"\n"
+            )
+            await asyncio.sleep(0.05)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--slo-ms", type=float, default=20.0)
     p.add_argument("--cache", action="store_true", help="enable the prediction cache")
+    p.add_argument("--trace", default=None, help="write admission state every 50 ms here")
     args = p.parse_args(argv)
     if args.cpus:  # before any container starts: they inherit it
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})

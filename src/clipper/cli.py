@@ -277,6 +277,7 @@ async def _serve(config: FrontendConfig, demo: bool) -> None:
 
             for line in await deploy_demo(clipper):
                 print(line, flush=True)
+        clipper.freeze_heap()
         print(f"clipper-serve ready: query API at {clipper.query_url}", flush=True)
         await clipper.serve_forever()
 

@@ -94,6 +94,14 @@ class Metrics:
             "was descheduled excluded), decaying: what load shedding prices",
             registry=r,
         )
+        # Each pass of the cyclic garbage collector stops the loop for its length.
+        self.gc_pauses = Histogram(
+            "clipper_gc_pause_seconds",
+            "How long each pass of Python's cyclic garbage collector stopped the event loop",
+            ["generation"],
+            buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25),
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "clipper_model_queue_depth",
             "Inputs waiting in a model version's queue",

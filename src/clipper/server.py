@@ -42,6 +42,7 @@ from clipper.managers.base import ContainerManager, ManagerContext, open_manager
 from clipper.metrics import Metrics
 from clipper.metrics_window import MetricsWindow
 from clipper.persistence import StoreSync
+from clipper.query.collector import CollectorPauses
 from clipper.query.loop_lag import LoopLagMonitor
 from clipper.query.runtime import QueryServices, build_query_runtime
 from clipper.registry import Application, ModelVersion, Registry
@@ -116,7 +117,9 @@ class Clipper:
         self.store: Store = open_store(config.store, clock=self.clock)
         self.sync = StoreSync(self.registry, self.store, clock=self.clock)
         # How late the event loop runs: the processor sheds what a backlog makes late.
-        self.loop_lag = LoopLagMonitor(self.clock)
+        self.collector = CollectorPauses(self.metrics.gc_pauses)
+        collector = self.collector
+        self.loop_lag = LoopLagMonitor(self.clock, collector=lambda: collector.total_s)
         monitor = self.loop_lag
         self.metrics.loop_lag.set_function(lambda: monitor.lag_s)
         self.metrics.loop_backlog.set_function(lambda: monitor.backlog_s)
@@ -296,6 +299,8 @@ class Clipper:
             self.reconciler.resume()
             self.autoscaler.start()
             stack.push_async_callback(self.autoscaler.stop)
+            self.collector.start()
+            stack.callback(self.collector.stop)
             self.loop_lag.start()
             stack.callback(self.loop_lag.stop)
             self.metrics_window.start()
@@ -397,17 +402,23 @@ class Clipper:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def freeze_heap(self) -> None:
+        """Take everything alive now (frameworks, trained models, the registry: it lives as
+        long as the process) out of the cyclic collector, whose full passes over a process with
+        scikit-learn or torch loaded stall the event loop for tens of milliseconds. The
+        collection before the freeze is such a pass (15-30 ms): a process that serves calls
+        this before it says it is ready, so the first queries do not wait for it.
+        :meth:`serve_forever` calls it too (cheap the second time: only what is new)."""
+        gc.collect()
+        gc.freeze()
+
     async def serve_forever(self) -> None:
         """Serve until SIGINT/SIGTERM (or :meth:`stop`), then stop cleanly: a drain (see
         :meth:`stop`); a second signal during the drain ends it at once (what is left is
         answered 503) and the stop goes on."""
         assert self._stop_event is not None, "start() first"
         stop_event, cut = self._stop_event, self._drain_cut
-        # Everything alive now (frameworks, trained models, the registry) lives as long as the
-        # process: take it out of the cyclic collector, whose full passes over a process with
-        # scikit-learn or torch loaded stall the event loop for tens of milliseconds.
-        gc.collect()
-        gc.freeze()
+        self.freeze_heap()
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
 

@@ -70,6 +70,68 @@ def test_a_late_timer_is_a_backlog_only_for_the_cpu_the_loop_spent() -> None:
     assert mon.backlog_s == 0.0
 
 
+def test_a_collector_pass_is_no_backlog() -> None:
+    """A garbage-collector pass stopped the loop (its thread spent the CPU), but it is a
+    one-off stall, over when the timer fires: the backlog counts only the rest."""
+    clock = StalledClock(stall=0.015)  # every timer 15 ms late
+    cpu = [0.0]
+    collected = [0.0]  # seconds of collector passes so far
+    mon = LoopLagMonitor(
+        clock, interval_s=0.005, decay=0.5, cpu_time=lambda: cpu[0], collector=lambda: collected[0]
+    )
+    mon.start()
+    cpu[0] += 0.020  # the loop ran all along: 5 ms of work and a 15 ms collector pass
+    collected[0] += 0.015
+    clock.advance(0.020)
+    assert mon.lag_s == pytest.approx(0.015)
+    assert mon.backlog_s == pytest.approx(0.0)  # the pass was the whole lateness
+    cpu[0] += 0.020  # the next interval: 15 ms late from its own work, and a 3 ms pass
+    collected[0] += 0.003
+    clock.advance(0.020)
+    assert mon.backlog_s == pytest.approx(0.012)
+    mon.stop()
+
+
+def test_collector_passes_are_timed_into_the_histogram() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from clipper.query.collector import CollectorPauses
+
+    h = Histogram("gc_pause", "test", ["generation"], registry=CollectorRegistry())
+    ticks = iter([1.0, 1.004, 2.0, 2.0005])  # two passes: 4 ms and 0.5 ms
+    watch = CollectorPauses(h, timer=lambda: next(ticks))
+    watch.start()
+    watch.start()  # once only, however often started
+    try:
+        watch._callback("start", {"generation": 2})
+        watch._callback("stop", {"generation": 2})
+        watch._callback("start", {"generation": 0})
+        watch._callback("stop", {"generation": 0})
+    finally:
+        watch.stop()
+    assert not watch.running
+    assert watch.passes == 2
+    assert watch.total_s == pytest.approx(0.0045)
+    assert watch.longest_s == pytest.approx(0.004)
+    assert h.labels(generation="2")._sum.get() == pytest.approx(0.004)
+
+
+def test_the_collector_watch_sees_a_real_pass() -> None:
+    import gc
+
+    from clipper.query.collector import CollectorPauses
+
+    watch = CollectorPauses()
+    watch.start()
+    try:
+        gc.collect()
+    finally:
+        watch.stop()
+    assert watch.passes >= 1
+    assert watch.total_s > 0.0
+    assert watch._callback not in gc.callbacks
+
+
 def test_a_descheduled_loop_sheds_nothing(frontends: list[Frontend]) -> None:  # noqa: F811
     f = Frontend(single_app(), ["m"])
     frontends.append(f)
@@ -277,3 +339,17 @@ def test_a_loop_behind_does_not_shed_while_admission_probes(
     answers = Answers(f.clock)
     f.predict("app", BODY, answers)
     assert len(f.transport.sent) == 1 and answers.got == []
+
+
+def test_freeze_heap_takes_what_is_alive_out_of_the_collector() -> None:
+    import gc
+
+    from clipper.server import Clipper
+
+    c = Clipper()
+    try:
+        c.freeze_heap()
+        assert gc.get_freeze_count() > 0  # later passes skip it
+    finally:
+        gc.unfreeze()
+        c._cleanup_tmp()

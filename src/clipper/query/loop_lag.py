@@ -15,9 +15,11 @@ admission prices it (:attr:`backlog_s`). Or the process was not running at all â
 program had the core, the kernel descheduled it for a time slice: that delay is over by the
 time the timer fires, and a query arriving now is not behind it. The monitor tells them apart
 by the loop thread's CPU time over the interval (``cpu_time``, the thread's clock): of the
-lateness, at most the CPU the loop spent counts as its own work. :attr:`lag_s` is the plain
-lateness (the ``clipper_event_loop_lag_seconds`` gauge); the runners shed on
-:attr:`backlog_s` alone, so a machine shared with other programs is not mistaken for
+lateness, at most the CPU the loop spent counts as its own work, less the time garbage-collector
+passes took in the interval (``collector``: :attr:`clipper.query.collector.CollectorPauses.
+total_s`), a one-off stall that is over when the timer fires, like descheduled time.
+:attr:`lag_s` is the plain lateness (the ``clipper_event_loop_lag_seconds`` gauge); the runners
+shed on :attr:`backlog_s` alone, so a machine shared with other programs is not mistaken for
 overload.
 """
 
@@ -33,8 +35,10 @@ __all__ = ["LoopLagMonitor"]
 
 class LoopLagMonitor:
     __slots__ = (
+        "_armed_collector",
         "_armed_cpu",
         "_clock",
+        "_collector",
         "_cpu",
         "_decay",
         "_due",
@@ -54,6 +58,7 @@ class LoopLagMonitor:
         interval_s: float = 0.005,
         decay: float = 0.5,
         cpu_time: Callable[[], float] = time.thread_time,
+        collector: Callable[[], float] | None = None,
     ) -> None:
         self._clock = clock
         self.interval_s = interval_s
@@ -61,6 +66,9 @@ class LoopLagMonitor:
         # The loop thread's CPU clock (not wall time): what it spent, not what passed.
         self._cpu = cpu_time
         self._armed_cpu = 0.0
+        # Seconds of collector passes so far (None: not watched).
+        self._collector = collector
+        self._armed_collector = 0.0
         self._timer: TimerHandle | None = None
         self._due = 0.0
         self.lag_s = 0.0  # how late the timer fires, whatever the cause
@@ -113,6 +121,8 @@ class LoopLagMonitor:
     def _arm(self) -> None:
         self._due = self._clock.now() + self.interval_s
         self._armed_cpu = self._cpu()
+        if self._collector is not None:
+            self._armed_collector = self._collector()
         self._timer = self._clock.call_later(self.interval_s, self._tick)
 
     def _tick(self) -> None:
@@ -120,6 +130,8 @@ class LoopLagMonitor:
         # The loop cannot have worked longer than it ran: the rest of the lateness was time
         # the process did not have the CPU.
         own = min(late, max(self._cpu() - self._armed_cpu, 0.0))
+        if self._collector is not None:
+            own = max(own - (self._collector() - self._armed_collector), 0.0)
         self.samples += 1
         self.lag_s = self._smooth(self.lag_s, late)
         self.backlog_s = self._smooth(self.backlog_s, own)
