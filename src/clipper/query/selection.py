@@ -50,9 +50,9 @@ from clipper.query.traffic import Traffic
 from clipper.registry import Application
 from clipper.runtime.catalog import Catalog
 from clipper.selection import SelectionPolicy, UserStates, make_loss, make_policy
-from clipper.selection.states import CAPACITY
 from clipper.selection.base import Loss, State
 from clipper.selection.draws import Draw, Draws
+from clipper.selection.states import CAPACITY
 
 __all__ = [
     "EnsembleQuery",
