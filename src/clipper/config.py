@@ -139,6 +139,12 @@ class FrontendConfig:
         default=1000,
         metadata=cli("more input_batch items (or V2 batch rows) in one request get 413"),
     )
+    # One output is one input's answer: a megabyte is far more than any classifier or embedding
+    # returns, and bounds what a bug or a hostile input makes a model fill the cache with.
+    max_output_bytes: int = field(
+        default=2**20,
+        metadata=cli("a model output over this many bytes (JSON) is that input's model error"),
+    )
     # Connection hygiene, as nginx's and uvicorn's defaults (docs/query-api.md, "Limits").
     max_header_bytes: int = field(
         default=32 * 1024, metadata=cli("request line and headers over this many bytes get 431")
@@ -300,7 +306,7 @@ class FrontendConfig:
             raise ConfigError(f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
         for name in (
             "max_items_per_request", "max_header_bytes", "max_header_line_bytes",
-            "max_connections", "admin_max_connections",
+            "max_connections", "admin_max_connections", "max_output_bytes",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

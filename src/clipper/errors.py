@@ -29,6 +29,7 @@ module to keep it so). Classes defined beside their only raiser name their modul
     ├── ArchiveTooLarge        upload over its unpacked size or file limit [archives]
     ├── StoreError             the config store's backend failed; nothing changed (503) [store.base]
     ├── ModelError             a model raised while predicting (carries its message)
+    │   └── ModelOutputError   an output that cannot be served: NaN, not JSON, too large
     ├── OverloadedError        a query shed because it cannot meet its deadline (queue full/slow)
     ├── DeadlineExceeded       a query's deadline passed before its batch could be sent
     ├── ClientGone             every query waiting for an input was abandoned: never evaluated
@@ -51,6 +52,7 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "ModelError",
+    "ModelOutputError",
     "NotFoundError",
     "OverloadedError",
     "PayloadTooLarge",
@@ -104,6 +106,11 @@ class RegistryError(ClipperError):
 
 class ModelError(ClipperError):
     """The model's own code raised; the message is the model's."""
+
+
+class ModelOutputError(ModelError):
+    """The model returned an output that cannot be served (a NaN or infinity, an object that is
+    not JSON, more bytes than the limit); the message says which (:mod:`clipper.rpc.outputs`)."""
 
 
 class OverloadedError(ClipperError):

@@ -10,7 +10,11 @@ local commits, remote events, reloads — end in :meth:`Registry.apply_snapshot`
 events are what the runtime follows.
 
 Selection-policy states are learned, not configured: they are written behind, by one owned
-writer task, and a lost one costs a little learning, never a promise.
+writer task, and a lost one costs a little learning, never a promise. The per-user ones are as
+bounded in the store as in memory: this frontend keeps at most ``state_capacity`` users' states
+per application stored (the same bound as :class:`~clipper.selection.UserStates` in memory),
+and writing one more deletes the stored state of the user written least recently. Without it a
+client sending feedback with a new ``uid`` each time grew the store without end.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from clipper.clock import Clock, MonotonicClock, wait_for
 from clipper.registry import GONE, Records, Registry
+from clipper.selection.states import CAPACITY, SHARED
 from clipper.store.base import (
     CONFIG_KINDS,
     Delete,
@@ -95,14 +101,25 @@ def delta_of(ops: Sequence[Op | StoreEvent]) -> Records:
 
 
 class StoreSync:
-    def __init__(self, registry: Registry, store: Store, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        store: Store,
+        *,
+        clock: Clock | None = None,
+        state_capacity: int = CAPACITY,
+    ) -> None:
         self.clock: Clock = clock or MonotonicClock()
+        self.state_capacity = state_capacity
+        # Per application, the users whose states this frontend stored, least recently first.
+        self._stored: dict[str, OrderedDict[str, None]] = {}
         self.registry = registry
         self.store = store
         # Serializes this frontend's commits and reloads: a draft is validated against the
         # registry that its commit will be applied to.
         self.lock = asyncio.Lock()
         self._pending: list[StoreEvent] = []
+        # (key, state), or (key, None): delete the key's stored state.
         self._states: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(_STATE_QUEUE_LIMIT)
         self._writer: asyncio.Task[None] | None = None
         self._reloads: set[asyncio.Task[None]] = set()
@@ -140,13 +157,34 @@ class StoreSync:
             ops = diff_registries(self.registry, draft) + list(extra)
             if ops:
                 await self.store.commit(ops)
+                for op in extra:  # an application's states deleted with it
+                    if isinstance(op, DeletePrefix) and op.kind == "state":
+                        self._stored.pop(op.prefix.rstrip(":"), None)
                 # Applied as a delta to the registry as it is now: an event from another
                 # frontend may have landed while the commit was in flight, and stays.
                 self.registry.apply_delta(delta_of(ops))
             return result
 
     def write_state(self, key: str, value: Any) -> None:
-        """Queue a selection-policy state write (``app:uid``)."""
+        """Queue a selection-policy state write (``app:uid``). A user's state beyond
+        ``state_capacity`` per application queues the deletion of the least recent one's."""
+        app, _, uid = key.partition(":")
+        evicted: str | None = None
+        if uid != SHARED:  # the shared state is every uid-less query's: never evicted
+            users = self._stored.setdefault(app, OrderedDict())
+            users[uid] = None
+            users.move_to_end(uid)
+            if len(users) > self.state_capacity:
+                evicted = f"{app}:{users.popitem(last=False)[0]}"
+        self._queue(key, value)
+        if evicted is not None:
+            self._queue(evicted, None)
+
+    def stored_users(self, app: str) -> int:
+        """How many users' states of ``app`` this frontend keeps stored."""
+        return len(self._stored.get(app, ()))
+
+    def _queue(self, key: str, value: Any) -> None:
         try:
             self._states.put_nowait((key, value))
         except asyncio.QueueFull:
@@ -158,7 +196,10 @@ class StoreSync:
         while True:
             key, value = await self._states.get()
             try:
-                await self.store.put("state", key, value)
+                if value is None:
+                    await self.store.delete("state", key)
+                else:
+                    await self.store.put("state", key, value)
             except StoreError as e:
                 log.warning("a selection state was not stored: %s", e)
             except Exception:

@@ -155,6 +155,7 @@ class Clipper:
             artifacts=self.artifacts,
             keys_dir=rpc_keys,
             on_refused=lambda reason: self.metrics.rpc_refused.labels(reason=reason).inc(),
+            max_output_bytes=config.max_output_bytes,
         )
         self.manager: ContainerManager = open_manager(
             config.manager,

@@ -162,3 +162,37 @@ def sleepy_sums(xs: Any) -> list[float]:
     """``row_sums`` after two seconds: slower than the latency SLO of the test that uses it."""
     time.sleep(2.0)
     return row_sums(xs)
+
+
+# -- outputs that cannot be served ----------------------------------------------------------------
+
+
+class _Opaque:
+    """An object that is not JSON (its repr carries an address)."""
+
+
+def hostile_outputs(xs: Any) -> list[Any]:
+    """Per row, by its first value: 0 a NaN, 1 an infinity, 2 an object that is not JSON, 3 a
+    string of the second value's bytes, 4 a numpy row holding a NaN, else the row's sum."""
+    out: list[Any] = []
+    for x in xs:
+        row = np.asarray(x, dtype=np.float64)
+        kind = int(row[0])
+        if kind == 0:
+            out.append(float("nan"))
+        elif kind == 1:
+            out.append({"score": [1.0, float("inf")]})
+        elif kind == 2:
+            out.append(_Opaque())
+        elif kind == 3:
+            out.append("x" * int(row[1]))
+        elif kind == 4:
+            out.append(np.array([1.0, np.nan]))
+        else:
+            out.append(float(row.sum()))
+    return out
+
+
+def nan_features(xs: list[Any]) -> list[Any]:
+    """A pipeline's first stage (json): ``{"vec": [...]}``, with a NaN when ``x`` is negative."""
+    return [{"vec": [float("nan") if v < 0 else 2.0 * v for v in x["x"]]} for x in xs]

@@ -146,3 +146,73 @@ async def test_a_crashed_replica_is_a_replica_failure_not_a_missed_slo() -> None
                 stats[f'clipper_app_default_outputs_total{{app="{app}",reason="no_replica"}}'] == 1
             )
             assert f'clipper_app_default_outputs_total{{app="{app}",reason="slo"}}' not in stats
+
+
+def _unservable(model: str, why: str) -> str:
+    return f"The model {model} returned an output that cannot be served: {why}"
+
+
+NOT_A_NUMBER = "output contains {} (JSON has no such number)"
+
+
+async def test_outputs_that_cannot_be_served_are_model_errors_of_their_own_input(
+    tmp_path: Any,
+) -> None:
+    """NaN, infinity, an object that is not JSON, an output over the size limit: each answers
+    its own input with the default and the reason (never ``null`` or a repr), the other
+    inputs of the batch are served, and a pipeline's next stage never sees such an output."""
+    from tests.integration.pipeline_models import StageModel
+
+    calls = tmp_path / "post-calls"
+    async with Clipper(max_output_bytes=10_000) as c:
+        await asyncio.gather(
+            c.deploy_model("hostile", "1", models.hostile_outputs, input_type="doubles"),
+            c.deploy_model("nanfeat", "1", models.nan_features, input_type="json"),
+            c.deploy_model("post", "1", StageModel("post", calls=str(calls)), input_type="json"),
+        )
+        await c.register_application("outs", "doubles", "-1.0", SLO_US)
+        await c.link_model_to_app("outs", "hostile")
+        cases = {
+            0.0: NOT_A_NUMBER.format("NaN"),
+            1.0: NOT_A_NUMBER.format("Infinity"),
+            2.0: "output is not JSON: Type is not JSON serializable: _Opaque",
+            4.0: NOT_A_NUMBER.format("NaN"),
+        }
+        for first, why in cases.items():
+            resp = await post_json(f"{c.query_url}/outs/predict", {"input": [first, 0.0]})
+            assert (
+                resp.status == 200 and b"0x" not in resp.body and b"_Opaque object" not in resp.body
+            )
+            doc = resp.json()
+            assert doc["output"] == -1.0 and doc["default"] is True, doc
+            assert doc["default_explanation"] == _unservable("hostile", why)
+        doc = await predict_ok(c.query_url, "outs", {"input": [3.0, 20_000.0]})
+        assert doc["default"] is True and doc["default_explanation"] == _unservable(
+            "hostile",
+            "output is 20002 bytes, over the limit of 10000 bytes per output (max_output_bytes)",
+        )
+        doc = await predict_ok(c.query_url, "outs", {"input": [3.0, 9_000.0]})
+        assert doc["default"] is False and doc["output"] == "x" * 9_000
+        # One bad input in a request does not take the others with it.
+        doc = await predict_ok(
+            c.query_url, "outs", {"input_batch": [[0.0, 0.0], [5.0, 1.0], [2.0, 0.0]]}
+        )
+        got = [(p["output"], p["default"]) for p in doc["batch_predictions"]]
+        assert got == [(-1.0, True), (6.0, False), (-1.0, True)]
+        metrics = await metrics_json(c)
+        assert metrics['clipper_model_errors_total{model="hostile",version="1"}'] >= 6
+
+        spec = {"stages": [
+            {"name": "feat", "model": "nanfeat"},
+            {"name": "post", "model": "post",
+             "input": {"name": "$request.name", "score": "$feat.vec"}},
+        ]}  # fmt: skip
+        await c.register_application("chain", "json", '"none"', SLO_US, pipeline=spec)
+        doc = await predict_ok(c.query_url, "chain", {"input": {"x": [-1.0], "name": "a"}})
+        assert doc["output"] == "none" and doc["default"] is True, doc
+        assert "nanfeat" in doc["default_explanation"]
+        assert NOT_A_NUMBER.format("NaN") in doc["default_explanation"]
+        assert not calls.exists()  # the next stage never received it
+        doc = await predict_ok(c.query_url, "chain", {"input": {"x": [1.0], "name": "b"}})
+        assert doc["output"] == "b:[2.0]" and doc["default"] is False
+        assert calls.read_text().splitlines() == ["call"]

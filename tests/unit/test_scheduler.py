@@ -16,11 +16,19 @@ from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import Lookup, PredictionCache
 from clipper.clock import FakeClock
 from clipper.config import BatchingConfig
-from clipper.errors import DeadlineExceeded, ModelError, OverloadedError, ReplicaError, WireError
+from clipper.errors import (
+    DeadlineExceeded,
+    ModelError,
+    ModelOutputError,
+    OverloadedError,
+    ReplicaError,
+    WireError,
+)
 from clipper.inputs import InputType
 from clipper.metrics import Metrics
 from clipper.registry import ModelVersion
 from clipper.rpc.link import Connection
+from clipper.rpc.outputs import OutputRefused
 
 SLO_S = 1.0
 
@@ -320,6 +328,21 @@ async def test_model_error_reaches_every_task_of_the_batch(harness_factory: Any)
         err = h.results.error(p)
         assert isinstance(err, ModelError)
         assert str(err) == "ValueError: boom"
+    sample = {"model": "m", "version": "1"}
+    assert h.metrics.registry.get_sample_value("clipper_model_errors_total", sample) == 1
+
+
+async def test_a_refused_output_is_the_model_error_of_its_own_input(harness_factory: Any) -> None:
+    h = harness_factory(batching=fixed(3))
+    h.replica()
+    h.submit(b"a", b"b", b"c")
+    why = "output contains NaN (JSON has no such number)"
+    h.respond(0, outputs=[b"A", OutputRefused(why), OutputRefused(why)])
+    assert h.results.value(b"a") == b"A"
+    for p in (b"b", b"c"):
+        err = h.results.error(p)
+        assert isinstance(err, ModelOutputError) and str(err) == why
+    # One failed batch, as for a model that raised.
     sample = {"model": "m", "version": "1"}
     assert h.metrics.registry.get_sample_value("clipper_model_errors_total", sample) == 1
 

@@ -192,8 +192,11 @@ def test_fast_ok_response_from_ndarray_and_odd_objects() -> None:
     strided = np.arange(6.0).reshape(2, 3)[:, ::2]  # not C-contiguous: goes via json_default
     body = wire.encode_predict_response_fast(b"\0\0\0\0", strided)[4]
     assert orjson.loads(body) == [[0.0, 2.0], [3.0, 5.0]]
-    body = wire.encode_predict_response_fast(b"\0\0\0\0", [complex(1, 2)])[4]
-    assert orjson.loads(body) == ["(1+2j)"]
+    # Not JSON: refused, never served as its str() (a repr can carry an address).
+    with pytest.raises(orjson.JSONEncodeError, match="not JSON serializable: complex"):
+        wire.encode_predict_response_fast(b"\0\0\0\0", [complex(1, 2)])
+    with pytest.raises(orjson.JSONEncodeError, match="not JSON serializable: object"):
+        wire.encode_predict_response_fast(b"\0\0\0\0", [{"k": object()}])
 
 
 def test_fast_error_response_round_trip() -> None:
@@ -314,10 +317,17 @@ def _v3_response() -> list[bytes]:
         ([*_v3_response()[:3], b"\x18", *_v3_response()[4:]], r"frame 3 \(output header length\)"),
         ([*_v3_response()[:5], b"\xffb", b"c"], r"frame 5 \(output 0\): not UTF-8"),
         ([b"", b"\x10" + Z3, b"\x01" + Z3, b"\x00" * 4], r"expected 5 frames"),
-        ([b"", b"\x10" + Z3, b"\x01" + Z3, b"\x02" + Z3, b"x"], r"frame 3 \(status\)"),
+        ([b"", b"\x10" + Z3, b"\x01" + Z3, b"\x03" + Z3, b"x"], r"frame 3 \(status\)"),
+        ([b"", b"\x10" + Z3, b"\x01" + Z3, b"\x02" + Z3, b"[]"], r"partial body"),
         (
-            [b"", b"\x10" + Z3, b"\x01" + Z3, b"\x00" * 4, b"[1,"],
-            r"frame 4 \(fast body\): not JSON",
+            [
+                b"",
+                b"\x10" + Z3,
+                b"\x01" + Z3,
+                b"\x02" + Z3,
+                b'{"outputs": [1], "errors": {"1": "x"}}',
+            ],
+            r"error index '1' is not one of the 1 outputs",
         ),
         ([b"", b"\x10" + Z3, b"\x01" + Z3, b"\x00" * 4, b"{}"], r"expected a JSON list"),
         ([b"", b"\x10" + Z3, b"\x01", b"\x00" * 4, b"[]"], r"frame 2 \(msg_id\)"),

@@ -20,11 +20,18 @@ from clipper.batching.queue import ModelQueue, Task
 from clipper.batching.wait import WaitPolicy, make_wait_policy
 from clipper.cache import PredictionCache, abandoned
 from clipper.clock import Clock, TimerHandle
-from clipper.errors import ClientGone, DeadlineExceeded, ModelError, OverloadedError
+from clipper.errors import (
+    ClientGone,
+    DeadlineExceeded,
+    ModelError,
+    ModelOutputError,
+    OverloadedError,
+)
 from clipper.inputs import InputType
 from clipper.metrics import Metrics
 from clipper.registry import ModelVersion
 from clipper.rpc.link import Connection
+from clipper.rpc.outputs import OutputRefused
 
 __all__ = ["ModelScheduler", "Replica", "Transport"]
 
@@ -531,8 +538,15 @@ class ModelScheduler:
         else:
             per_item = nbytes // max(len(tasks), 1)
             cache = self.cache
+            refused = False
             for task, out in zip(tasks, outputs, strict=True):
-                if task.key is not None:
+                if type(out) is OutputRefused:  # NaN, not JSON, too large: that input only
+                    if not refused:
+                        refused = True
+                        self._errors.inc()
+                        self._error_log.failed(out.reason, len(tasks))
+                    self._deliver(task, None, ModelOutputError(out.reason))
+                elif task.key is not None:
                     cache.complete(task.key, out, per_item, replica)
                 elif task.waiter is not None:
                     task.waiter(out, None)

@@ -13,7 +13,11 @@ What ``predict`` receives:
 * strings: ``list[str]``; bytes: ``list[bytes]``; json: a list of decoded Python values.
 
 It must return a list, tuple or ``np.ndarray`` with one output per input; anything else, or
-an exception, fails that batch only and the container keeps serving.
+an exception, fails that batch only and the container keeps serving. Each output must be JSON
+(lists, dicts, strings, numbers, booleans, None, numpy arrays and scalars) with finite numbers:
+an output holding a NaN or an infinity, or an object that is not JSON, fails its own input only
+(:mod:`clipper.rpc.outputs`), answered with an error and never as ``null`` or the object's
+``repr``.
 
 Responses follow the request's framing. FAST (negotiated by the ``clipper-serve/fast1``
 metadata frame unless ``--v3-only``): outputs as a JSON list, or status 1 with
@@ -67,6 +71,7 @@ from clipper.container.presence import ConnectionWatch, Readiness, configure_rec
 from clipper.errors import ConfigError, WireError
 from clipper.inputs import InputType
 from clipper.rpc.auth import ClientKeys, apply_client_keys, load_client_keys
+from clipper.rpc.outputs import non_finite, unservable
 from clipper.rpc.wire import (
     Frame,
     HeartbeatReply,
@@ -78,6 +83,7 @@ from clipper.rpc.wire import (
     encode_new_container,
     encode_predict_error_fast,
     encode_predict_response_fast,
+    encode_predict_response_partial,
     encode_predict_response_v3,
     json_default,
 )
@@ -254,12 +260,44 @@ class _Server:
         if problem is not None:
             self.log.error("%s", problem)
             return self.error(req, fast, problem)
+        if fast:
+            return self.encode_fast(req, outputs)
+        return self.encode_v3(req, outputs)
+
+    def encode_fast(self, req: PredictRequest, outputs: Any) -> list[bytes]:
+        """The outputs, or each one that cannot be served as its input's error: an object that
+        is not JSON, or a NaN or infinity (which orjson would send as ``null``)."""
         try:
-            if fast:
-                return encode_predict_response_fast(req.msg_id_bytes, outputs)
-            return encode_predict_response_v3(req.msg_id_bytes, [_v3_output(o) for o in outputs])
-        except (orjson.JSONEncodeError, TypeError) as e:
-            return self.error(req, fast, f"outputs are not JSON-serializable: {e}")
+            frames = encode_predict_response_fast(req.msg_id_bytes, outputs)
+        except (orjson.JSONEncodeError, TypeError):
+            problems = unservable(outputs, _encode)
+        else:
+            if b"null" not in frames[-1]:
+                return frames  # the common case: no NaN can hide in it, one scan of the body
+            problems = unservable(outputs, _encode)
+            if not problems:
+                return frames  # a None (or "null" in a string), not a NaN
+        self.repeats.note_outputs(problems, req.n)
+        return encode_predict_response_partial(req.msg_id_bytes, list(outputs), problems)
+
+    def encode_v3(self, req: PredictRequest, outputs: Any) -> list[bytes]:
+        """v3: each output a string; one that cannot be served is the error marker instead."""
+        strings: list[bytes | str] = []
+        problems: dict[int, str] = {}
+        for i, o in enumerate(outputs):
+            try:
+                text = _v3_output(o)
+            except (orjson.JSONEncodeError, TypeError) as e:
+                problems[i] = f"output is not JSON: {e}"
+                text = ""
+            else:
+                bad = None if isinstance(text, str) or b"null" not in text else non_finite(o)
+                if bad is not None:
+                    problems[i] = f"output contains {bad} (JSON has no such number)"
+            strings.append(orjson.dumps({ERROR_KEY: problems[i]}) if i in problems else text)
+        if problems:
+            self.repeats.note_outputs(problems, req.n)
+        return encode_predict_response_v3(req.msg_id_bytes, strings)
 
     def learn(self, req: PredictRequest, inputs: Any, labels: list[Any]) -> list[bytes]:
         """Online learning: hand feedback to the model's update(inputs, labels)."""
@@ -479,6 +517,10 @@ def _check_outputs(outputs: object, n: int) -> str | None:
     return None
 
 
+def _encode(o: object) -> bytes:
+    return orjson.dumps(o, option=_JSON_OPTS, default=json_default)
+
+
 def _v3_output(o: object) -> bytes | str:
     if isinstance(o, str):
         return o
@@ -565,16 +607,29 @@ class RepeatedErrors:
 
     def exception(self, exc: BaseException, msg: str, *args: object) -> None:
         """Log ``msg`` with ``exc``'s traceback, or count it when its kind was just logged."""
-        key = self.kind(exc)
+        if self._first(self.kind(exc)):
+            self.log.error(msg, *args, exc_info=exc)
+
+    def note_outputs(self, problems: dict[int, str], n: int) -> None:
+        """Outputs that cannot be served (no traceback: predict returned); a kind per reason."""
+        first = next(iter(problems.values()))
+        if self._first(("unservable output", first.split(":")[0])):
+            self.log.error(
+                "predict returned %d of %d outputs that cannot be served; the first: %s",
+                len(problems), n, first[:300],
+            )  # fmt: skip
+
+    def _first(self, key: tuple[str, str]) -> bool:
+        """True when ``key`` is to be logged now, False when counted as a repeat."""
         t = self.now()
         seen = self._kinds.get(key)
         if seen is not None and t - seen[0] < self.window_s:
             seen[1] += 1
-            return
+            return False
         if seen is not None:
             self._summary(key, seen)
         self._kinds[key] = [t, 0]
-        self.log.error(msg, *args, exc_info=exc)
+        return True
 
     def flush(self) -> None:
         """The counts not yet reported (at exit)."""

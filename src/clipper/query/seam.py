@@ -18,6 +18,7 @@ from clipper.clock import Clock
 from clipper.errors import (
     DeadlineExceeded,
     ModelError,
+    ModelOutputError,
     OverloadedError,
     RegistryError,
     ReplicaError,
@@ -31,6 +32,9 @@ __all__ = ["SubmitSeam", "Submitter", "explain"]
 
 def explain(model: str, err: BaseException) -> tuple[DefaultReason, str]:
     """Why ``err`` from ``model`` answers the default output: the reason and its words."""
+    if isinstance(err, ModelOutputError):
+        why = f"The model {model} returned an output that cannot be served: {err}"
+        return DefaultReason.MODEL_ERROR, why
     if isinstance(err, ModelError):
         return DefaultReason.MODEL_ERROR, f"The model {model} raised an error: {err}"
     if isinstance(err, OverloadedError):

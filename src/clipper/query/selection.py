@@ -52,6 +52,7 @@ from clipper.runtime.catalog import Catalog
 from clipper.selection import SelectionPolicy, UserStates, make_loss, make_policy
 from clipper.selection.base import Loss, State
 from clipper.selection.draws import Draw, Draws
+from clipper.selection.states import CAPACITY
 
 __all__ = [
     "EnsembleQuery",
@@ -66,7 +67,7 @@ __all__ = [
 
 log = logging.getLogger("clipper.selection")
 
-STATE_CAPACITY = 10_000
+STATE_CAPACITY = CAPACITY  # the same bound as the stored states' (persistence)
 FEEDBACK_WAIT_S = 5.0
 Persist = Callable[[str, str, State], None]  # (app, uid, state)
 Fetch = Callable[[str, str], Awaitable[Any]]  # (app, uid) -> the persisted state or None

@@ -30,6 +30,7 @@ from clipper.inputs import InputType
 from clipper.rpc import wire
 from clipper.rpc.auth import RpcGuard, ensure_keys
 from clipper.rpc.link import Connection
+from clipper.rpc.outputs import DEFAULT_MAX_OUTPUT_BYTES, OutputRefused, oversized
 from clipper.rpc.wire import embed_output
 
 __all__ = ["ArtifactHandler", "Registrar", "Remover", "ResponseSink", "RpcServer", "SendTo"]
@@ -101,11 +102,15 @@ class RpcServer(Generic[P]):
         artifacts: ArtifactHandler | None = None,
         keys_dir: Path | None = None,
         on_refused: Callable[[str], None] | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> None:
         """``artifacts``: who answers artifact requests (None: each is refused).
         ``keys_dir``: authenticate containers with the CURVE keys there (made on the first
         start); None accepts any container. ``on_refused(reason)`` counts a refused
-        connection; it is called on the authentication thread, not the loop."""
+        connection; it is called on the authentication thread, not the loop.
+        ``max_output_bytes``: a larger output (encoded) is its input's model error
+        (:mod:`clipper.rpc.outputs`)."""
+        self.max_output_bytes = max_output_bytes
         self.host = host
         self.port = port
         self.clock = clock
@@ -273,14 +278,21 @@ class RpcServer(Generic[P]):
                 return  # from a replica we already removed
             outputs = msg.outputs
             error = msg.error
+            nbytes = sum(map(len, frames)) - len(identity)
             if msg.raw_strings and outputs is not None:
-                outputs = [embed_output(o) if isinstance(o, str) else o for o in outputs]
+                outputs = _embed_v3(outputs)
                 first = outputs[0] if outputs else None
-                if isinstance(first, dict) and _V3_ERROR_KEY in first:
-                    error, outputs = str(first[_V3_ERROR_KEY]), None
-            self._sink.deliver(
-                replica, msg.msg_id, outputs, error, sum(map(len, frames)) - len(identity)
-            )
+                # Every output the marker: the batch failed (v3's only way to say so).
+                if isinstance(first, OutputRefused) and all(
+                    type(o) is OutputRefused for o in outputs
+                ):
+                    error, outputs = first.reason, None
+            if outputs is not None and nbytes > self.max_output_bytes:
+                # Only a message over the limit can hold an output over it: no cost below.
+                # (Said on the console by the model's scheduler, rate-limited, as any error.)
+                sizes = [len(f) for f in frames[6:]] if msg.raw_strings else None
+                oversized(outputs, sizes, self.max_output_bytes)
+            self._sink.deliver(replica, msg.msg_id, outputs, error, nbytes)
             if identity in self._leaving and not self._sink.in_flight(replica):
                 self.remove(replica)
         elif isinstance(msg, wire.Heartbeat):
@@ -386,3 +398,15 @@ def _fd(sock: zmq.Socket[bytes]) -> int:
 
 def _events(sock: zmq.Socket[bytes]) -> int:
     return cast(int, sock.getsockopt(zmq.EVENTS))
+
+
+def _embed_v3(outputs: list[object]) -> list[object]:
+    """v3 outputs as JSON values; an output that is the error marker (a v3 container's only
+    way to say an input failed) becomes an :class:`OutputRefused` with its text."""
+    out: list[object] = []
+    for o in outputs:
+        value = embed_output(o) if isinstance(o, str) else o
+        if isinstance(value, dict) and _V3_ERROR_KEY in value:
+            value = OutputRefused(str(value[_V3_ERROR_KEY]))
+        out.append(value)
+    return out

@@ -27,7 +27,10 @@ Container -> frontend::
     v3 response       [b"", u32 1, msg_id (4 raw bytes), u64 8*(n+1),
                        u64[n+1] = [n, len_0..len_{n-1}], out_0, ..., out_{n-1}]
     FAST response     [b"", u32 16, msg_id (4 raw bytes), u32 status, body]
-                      status 0: body = JSON list of outputs; status 1: body = UTF-8 error text.
+                      status 0: body = JSON list of outputs; status 1: body = UTF-8 error text;
+                      status 2 (ours): body = JSON {"outputs": [...], "errors": {"i": text}}:
+                      the outputs at the indices in "errors" could not be served (NaN, not
+                      JSON; clipper.rpc.outputs), each its input's model error.
     goodbye           [b"", u32 17] (ours): the container is leaving (SIGTERM); send it no more
                       batches. Answered with a goodbye ack.
     artifact request  [b"", u32 18, name, version, u64 offset, u32 max_bytes] (ours): a part of
@@ -55,6 +58,7 @@ import orjson
 
 from clipper.errors import WireError
 from clipper.inputs import InputType
+from clipper.rpc.outputs import OutputRefused
 
 __all__ = [
     "ARTIFACT_CHUNK_MAX",
@@ -84,6 +88,7 @@ __all__ = [
     "encode_predict_error_fast",
     "encode_predict_fast",
     "encode_predict_response_fast",
+    "encode_predict_response_partial",
     "encode_predict_response_v3",
     "encode_predict_v3",
     "encode_update_fast",
@@ -136,6 +141,7 @@ _P_PREDICT = _U32.pack(RequestType.PREDICT)
 _P_FAST_PREDICT = _U32.pack(RequestType.FAST_PREDICT)
 _P_STATUS_OK = _U32.pack(0)
 _P_STATUS_ERROR = _U32.pack(1)
+_P_STATUS_PARTIAL = _U32.pack(2)
 
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 # The most an artifact request may ask for in one chunk.
@@ -516,12 +522,13 @@ def embed_output(text: str) -> Any:
 
 def json_default(obj: Any) -> Any:
     """orjson fallback: arrays it cannot take directly (non-contiguous, object dtype), numpy
-    scalars, then ``str`` for anything else so a model's odd output still gets through."""
+    scalars and sets. Anything else is not JSON and raises: its ``str`` (a ``repr`` with an
+    address, for most objects) is not an answer to serve."""
     if isinstance(obj, np.ndarray | np.generic):
         return obj.tolist()
     if isinstance(obj, set | frozenset):
         return list(obj)
-    return str(obj)
+    raise TypeError(type(obj).__name__)  # orjson says "Type is not JSON serializable: <type>"
 
 
 def encode_predict_response_fast(msg_id: bytes, outputs: Sequence[object] | Any) -> list[bytes]:
@@ -532,6 +539,18 @@ def encode_predict_response_fast(msg_id: bytes, outputs: Sequence[object] | Any)
     _check_msg_id(msg_id)
     body = orjson.dumps(outputs, option=_JSON_OPTS, default=json_default)
     return [_EMPTY, _P_FAST_CONTENT, msg_id, _P_STATUS_OK, body]
+
+
+def encode_predict_response_partial(
+    msg_id: bytes, outputs: Sequence[object], errors: dict[int, str]
+) -> list[bytes]:
+    """A FAST response (status 2) whose outputs at the indices of ``errors`` cannot be served
+    (sent as ``null``); each index's text says why."""
+    _check_msg_id(msg_id)
+    outs = [None if i in errors else o for i, o in enumerate(outputs)]
+    doc = {"outputs": outs, "errors": {str(i): text for i, text in errors.items()}}
+    body = orjson.dumps(doc, option=_JSON_OPTS, default=json_default)
+    return [_EMPTY, _P_FAST_CONTENT, msg_id, _P_STATUS_PARTIAL, body]
 
 
 def encode_predict_error_fast(msg_id: bytes, message: str) -> list[bytes]:
@@ -623,7 +642,9 @@ def _decode_response_fast(frames: Sequence[Frame]) -> PredictResponse:
         try:
             outputs = orjson.loads(frames[4])
         except orjson.JSONDecodeError as e:
-            raise WireError(f"frame 4 (fast body): not JSON: {e}") from None
+            # The framing holds, so the batch is known: its inputs get a model error now rather
+            # than waiting out their deadline (a number too large for a double says "infinity").
+            return PredictResponse(msg_id, None, f"the outputs are not JSON: {e}", False)
         if not isinstance(outputs, list):
             raise WireError(
                 f"frame 4 (fast body): expected a JSON list, got {type(outputs).__name__}"
@@ -631,7 +652,28 @@ def _decode_response_fast(frames: Sequence[Frame]) -> PredictResponse:
         return PredictResponse(msg_id, outputs, None, False)
     if status == 1:
         return PredictResponse(msg_id, None, bytes(frames[4]).decode("utf-8", "replace"), False)
-    raise WireError(f"frame 3 (status): expected 0 (ok) or 1 (error), got {status}")
+    if status == 2:
+        return _decode_partial(msg_id, frames[4])
+    raise WireError(f"frame 3 (status): expected 0 (ok), 1 (error) or 2 (partial), got {status}")
+
+
+def _decode_partial(msg_id: int, body: Frame) -> PredictResponse:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        return PredictResponse(msg_id, None, f"the outputs are not JSON: {e}", False)
+    outputs = doc.get("outputs") if isinstance(doc, dict) else None
+    errors = doc.get("errors") if isinstance(doc, dict) else None
+    if not isinstance(outputs, list) or not isinstance(errors, dict):
+        raise WireError('frame 4 (partial body): expected {"outputs": [...], "errors": {...}}')
+    for key, text in errors.items():
+        if not key.isdigit() or int(key) >= len(outputs):
+            raise WireError(
+                f"frame 4 (partial body): error index {key!r} is not one of the "
+                f"{len(outputs)} outputs"
+            )
+        outputs[int(key)] = OutputRefused(str(text))
+    return PredictResponse(msg_id, outputs, None, False)
 
 
 # ---------------------------------------------------------------------------------------------

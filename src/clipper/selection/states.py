@@ -5,6 +5,10 @@ shutdown, what :meth:`UserStates.items` lists) and supplies its persisted copies
 ``load``. The uid ``""`` (a query without a uid) is the application's shared state; it is kept
 apart from the per-user ones, never evicted and not counted against ``capacity``, because
 every query without a uid uses it.
+
+The store holds as many: the frontend deletes the stored state of the user it wrote least
+recently once an application has more than ``CAPACITY`` users' states stored
+(:class:`clipper.persistence.StoreSync`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from collections.abc import Callable, Iterator
 from clipper.errors import ConfigError
 from clipper.selection.base import SelectionPolicy, State
 
-__all__ = ["SHARED", "UserStates"]
+__all__ = ["CAPACITY", "SHARED", "UserStates"]
+
+CAPACITY = 10_000
+"""Per-user states kept per application: in memory here, and in the store (persistence)."""
 
 SHARED = ""
 """The uid of the shared state."""
@@ -29,7 +36,7 @@ class UserStates:
     def __init__(
         self,
         policy: SelectionPolicy,
-        capacity: int = 10_000,
+        capacity: int = CAPACITY,
         *,
         on_evict: Callable[[str, State], None] | None = None,
         load: Callable[[str], State | None] | None = None,
