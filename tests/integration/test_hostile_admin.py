@@ -15,7 +15,7 @@ import pytest
 from clipper.config import BatchingConfig
 from clipper.server import Clipper
 from tests.integration import models
-from tests.integration.helpers import predict, request
+from tests.integration.helpers import predict, request, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -123,8 +123,7 @@ async def test_unauthenticated_uploads_cannot_lock_out_an_authorized_ping() -> N
         tasks = [asyncio.ensure_future(attacker()) for _ in range(20)]
         statuses = []
         try:
-            while attempts < 40:  # the attack is under way (bounded: a few seconds)
-                await asyncio.sleep(0.01)
+            await wait_for(lambda: attempts >= 40, limit_s=LIMIT_S)  # the attack is under way
             for _ in range(20):
                 pong = await request(c.admin_url + "/admin/ping", headers=AUTH, limit_s=1.0)
                 statuses.append(pong.status)
@@ -187,10 +186,9 @@ async def test_idle_connections_make_room_for_new_clients() -> None:
         for _ in range(550):  # each asks once and then sits idle, keeping its connection
             r, w = await _open(port)
             w.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            try:
+            # Evicted before its answer was read, it is still an idle client.
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
                 await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), LIMIT_S)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                pass  # evicted before its answer was read: still an idle client
             idle.append(w)
         assert len(c.http.connections) <= 52
         assert c.http.evicted >= 450

@@ -162,7 +162,7 @@ def _v2_rows(doc: Any) -> tuple[str, int] | None:
     return most
 
 
-def _proxy_types() -> tuple[type, type]:
+def _proxy_types() -> tuple[Any, Any]:
     try:
         import simdjson
     except ImportError:  # pragma: no cover - a core dependency
