@@ -163,6 +163,12 @@ class FrontendConfig:
     admin_max_connections: int = field(
         default=64, metadata=cli("admin port connections; beyond them: 503 and close")
     )
+    # With an admin token, anyone can still connect: this many admin slots are kept for
+    # connections whose first request carries the token, so strangers cannot fill them all.
+    admin_reserve_connections: int = field(
+        default=8,
+        metadata=cli("admin port connections kept for requests with the admin token"),
+    )
     header_timeout_s: float = field(
         default=10.0, metadata=cli("seconds to send a request's headers (slowloris): 408, close")
     )
@@ -312,6 +318,10 @@ class FrontendConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_header_line_bytes > self.max_header_bytes:
             raise ConfigError("max_header_line_bytes must not exceed max_header_bytes")
+        if self.admin_reserve_connections < 0:
+            raise ConfigError(
+                f"admin_reserve_connections must be >= 0, got {self.admin_reserve_connections}"
+            )
         if self.health_reserve_connections < 0:
             raise ConfigError(
                 f"health_reserve_connections must be >= 0, got {self.health_reserve_connections}"

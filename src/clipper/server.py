@@ -241,11 +241,12 @@ class Clipper:
                 max_clients=config.dashboard_max_clients,
                 token_required=config.admin_token is not None,
             )  # fmt: skip
+        admin_routes = AdminRoutes(self.admin, config.admin_token, self.dashboard)
         self.admin_http = HttpServer(
-            AdminRoutes(self.admin, config.admin_token, self.dashboard), host=config.admin_host,
-            port=config.admin_port,
+            admin_routes, host=config.admin_host, port=config.admin_port,
             max_body_bytes=config.max_body_bytes,
             limits=HttpLimits.admin_port(config), clock=self.clock, streaming=True,
+            gate=admin_routes.gate,  # the token, checked before a body is read
         )  # fmt: skip
         self.grpc: V2GrpcServer | NativeGrpcServer | None = None
         if config.grpc_port is not None:

@@ -234,18 +234,31 @@ async def test_closed_connections_are_freed_without_the_garbage_collector(
         gc.enable()
 
 
+PARTIAL = b"GET /health HTTP/1.1\r\nHost: flood\r\n"  # headers begun, never finished
+
+
+async def _until_all_reading(server: HttpServer, n: int) -> None:
+    """Until ``server`` holds ``n`` connections, each with a request begun."""
+    for _ in range(400):
+        conns = list(server.connections)
+        if len(conns) >= n and all(conn._head_bytes > 0 for conn in conns):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"the server holds {len(server.connections)} connections, not {n}")
+
+
 async def test_connection_flood_leaves_health_and_admin_reachable() -> None:
     async with Clipper(
         query_port=0, rpc_port=0, admin_port=0, max_connections=20,
         health_reserve_connections=2, admin_max_connections=8, header_timeout_s=30.0,
     ) as c:  # fmt: skip
         port = c.http.port
+        # Each flood connection has begun a request (an idle one would be closed to make
+        # room: see test_idle_connections_make_room_for_new_clients).
         flood = [await _open(port) for _ in range(20)]
-        for _ in range(400):  # until the server holds every one
-            if len(c.http.connections) >= 20:
-                break
-            await asyncio.sleep(0.005)
-        assert len(c.http.connections) == 20
+        for _, fw in flood:
+            fw.write(PARTIAL)
+        await _until_all_reading(c.http, 20)
         # The reserve: health answers (and the connection closes after it) ...
         health = await request(c.query_url + "/health", limit_s=LIMIT_S)
         assert health.status == 200
@@ -260,11 +273,11 @@ async def test_connection_flood_leaves_health_and_admin_reachable() -> None:
         assert refused.status == 503
         assert "max_connections" in refused.json()["cause"]
         # Past the reserve too: 503 (or a reset if the request was still unread) and close.
-        extra = [await _open(port) for _ in range(2)]
-        for _ in range(400):
-            if len(c.http.connections) >= 22:
-                break
-            await asyncio.sleep(0.005)
+        extra = []
+        for n in (21, 22):  # one by one: a reserve connection that sent nothing is idle
+            extra.append(await _open(port))
+            extra[-1][1].write(PARTIAL)
+            await _until_all_reading(c.http, n)
         r, w = await _open(port)
         w.write(b"GET /health HTTP/1.1\r\n\r\n")
         raw = await _read_all(r)

@@ -71,3 +71,19 @@ def test_both_paths_send_the_same_payloads_and_raise_the_same_errors(
     assert not general.parser._doubles.available
     for body in BODIES:
         assert _run(fast, body) == _run(general, body), body
+
+
+def test_the_item_counter_reads_batch_lengths_from_the_tape() -> None:
+    from clipper.frontend.fast_input import ItemCounter
+
+    counter = ItemCounter()
+    assert counter.batch_items(b'{"input_batch": [[1], [2], [3]], "uid": 1}') == 3
+    assert counter.batch_items(b'{"input": [1.0]}') is None
+    assert counter.batch_items(b"[1, 2]") is None
+    with pytest.raises(ValueError, match="more than once"):
+        counter.batch_items(b'{"input_batch": [1], "input_batch": [1, 2]}')
+    with pytest.raises(ValueError):
+        counter.batch_items(b'{"input_batch": [1, ')
+    doc = b'{"inputs": [{"name": "x", "shape": [5000, 2], "data": []}]}'
+    assert counter.v2_rows(doc) == ("x", 5000)
+    assert counter.v2_rows(b'{"inputs": [{"name": "x", "shape": "no"}]}') is None

@@ -4,11 +4,18 @@ Keep-alive and pipelining (answers leave in request order), bounded bodies (413)
 back-pressure: a client that does not read its answers stops being read.
 
 Hostile clients are bounded as nginx/uvicorn bound them (:class:`HttpLimits`): header size
-(431), concurrent connections (beyond the limit a small reserve serves only health paths, then
-connections are answered 503 and closed), header, body and idle keep-alive timeouts (the
-connection is closed), ``Expect: 100-continue`` answered, and exactly one response per request
-(an ``Upgrade`` request gets one 400 and the connection closes). One lazily re-armed timer per
+(431), concurrent connections (at the limit the oldest idle keep-alive connection is closed to
+admit the new one; with none idle a small reserve serves only health paths, then connections
+are answered 503 and closed), header, body and idle keep-alive timeouts (the connection is
+closed), ``Expect: 100-continue`` answered, and exactly one response per request (an
+``Upgrade`` request gets one 400 and the connection closes). One lazily re-armed timer per
 connection keeps the per-request cost to a few attribute writes.
+
+A server may have a :class:`Gate` (the admin port's token check): it judges each request when
+its headers are complete, before its body is read or ``100 Continue`` is granted; a refused
+request is answered (401) and its connection closed with the body unread. The gate also says
+whether the request carried a credential: the last ``auth_reserve_connections`` slots are only
+for connections whose first request did.
 
 On a server built with ``streaming=True`` (the admin port) a route may answer with a
 :class:`Stream` instead of a body (the dashboard's server-sent events): a head without a length,
@@ -28,7 +35,7 @@ import asyncio
 import logging
 import resource
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
@@ -45,8 +52,10 @@ if TYPE_CHECKING:
 __all__ = [
     "HEALTH_PATHS",
     "ClientWatcher",
+    "Gate",
     "HttpLimits",
     "HttpServer",
+    "Refusal",
     "Router",
     "Stream",
     "StreamingRespond",
@@ -142,6 +151,28 @@ class Router(Protocol):
 
 
 JSON = b"application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A :class:`Gate`'s answer to a request it will not let read its body."""
+
+    status: int
+    body: bytes
+    content_type: bytes = JSON
+
+
+class Gate(Protocol):
+    """Judges a request when its headers are complete: ``True`` when it carries a valid
+    credential, ``False`` when it may go on without one (a route that checks for itself or
+    needs none), or a :class:`Refusal`, answered at once before the body is read, and the
+    connection closed. ``has_body``: the request announced a body (a length or chunks)."""
+
+    def __call__(
+        self, method: bytes, path: str, headers: Mapping[bytes, bytes], has_body: bool, /
+    ) -> bool | Refusal: ...
+
+
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
@@ -200,6 +231,9 @@ class HttpLimits:
     max_header_line_bytes: int = 8 * 1024  # the request line, or one header line -> 431
     max_connections: int = 10_000  # open connections; beyond: the reserve, then 503 + close
     reserve_connections: int = 0  # beyond max_connections, served only HEALTH_PATHS
+    # Within max_connections, kept for connections whose first request a Gate found to carry
+    # a credential: an unauthenticated one over the rest gets 503 and close.
+    auth_reserve_connections: int = 0
     header_timeout_s: float = 10.0  # from a request's first byte (or the connection's open)
     body_timeout_s: float = 30.0  # from the end of the headers to the end of the body
     idle_timeout_s: float = 30.0  # keep-alive: an answered connection with no new request
@@ -224,6 +258,12 @@ class HttpLimits:
             max_header_bytes=c.max_header_bytes,
             max_header_line_bytes=c.max_header_line_bytes,
             max_connections=c.admin_max_connections,
+            # Only a token can tell an operator from anyone else; at least one open slot.
+            auth_reserve_connections=(
+                min(c.admin_reserve_connections, c.admin_max_connections - 1)
+                if c.admin_token
+                else 0
+            ),
             header_timeout_s=c.header_timeout_s,
             body_timeout_s=c.body_timeout_s,
             idle_timeout_s=c.keepalive_timeout_s,
@@ -277,6 +317,7 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "__weakref__",
         "_arrived",
+        "_authed",
         "_body",
         "_body_size",
         "_broken",
@@ -327,6 +368,9 @@ class _Connection(asyncio.Protocol):
         self._timer: TimerHandle | None = None
         self._due = 0.0
         self._stream: Stream | None = None
+        # What the server's Gate found of the first request: a credential (True), none
+        # (False, counted in server.unauthenticated), not judged yet (None).
+        self._authed: bool | None = None
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -335,6 +379,8 @@ class _Connection(asyncio.Protocol):
         server = self.server
         limits = server.limits
         n = len(server.connections)
+        if n >= server.max_connections and server.evict_idle():
+            n -= 1  # an idle keep-alive connection made room (fair slots: oldest idle first)
         if n >= server.max_connections + limits.reserve_connections:
             # Accept-and-close keeps file descriptors for the connections within the limit.
             server.refused += 1
@@ -347,6 +393,7 @@ class _Connection(asyncio.Protocol):
             return
         self._health_only = n >= server.max_connections
         server.connections.add(self)
+        server.idle[self] = None  # nothing asked yet: a later client may take its place
         now = server.clock.now()
         self._since = now
         self._arm(now + limits.header_timeout_s, now)
@@ -355,7 +402,7 @@ class _Connection(asyncio.Protocol):
         if self._closed and self.transport is None:
             return  # refused in connection_made
         self._closed = True
-        self.server.connections.discard(self)
+        self.server.release(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -394,6 +441,7 @@ class _Connection(asyncio.Protocol):
         if self._state != _BODY:
             if self._head_bytes == 0:
                 self._arrived = now  # a request's first byte
+                server.idle.pop(self, None)  # a request in progress: never evicted
             if self._state == _IDLE:
                 self._begin(_HEAD, self.server.limits.header_timeout_s)
             room = self.server.limits.max_header_bytes - self._head_bytes
@@ -488,6 +536,18 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _is_idle(self) -> bool:
+        """Nothing owed either way: no answer owed, no request begun (not even one pipelined
+        behind an answered one, whose URL the parser has started), not a stream."""
+        return (
+            not self._closed
+            and not self._broken
+            and not self._slots
+            and not self._url
+            and self._head_bytes == 0
+            and self._state != _BODY
+        )
+
     def _owes(self) -> int:
         """Requests this connection read and has not answered, counting one it is reading
         (its first byte is in): what a drain waits for."""
@@ -544,6 +604,8 @@ class _Connection(asyncio.Protocol):
         if self.parser.should_upgrade():
             self._upgrade = True  # answered once, in on_message_complete
             return
+        if self.server.gate is not None and not self._judge(self.server.gate):
+            return
         expect = self._headers.get(b"expect")
         if expect is not None:
             if expect.lower() != b"100-continue":
@@ -557,6 +619,43 @@ class _Connection(asyncio.Protocol):
             elif not self._slots and self.transport is not None:
                 # Only when no earlier answer is owed: interim responses keep request order.
                 self.transport.write(_CONTINUE)
+
+    def _judge(self, gate: Gate) -> bool:
+        """The gate's verdict on the request whose headers just completed, before its body
+        is read: False when it was refused (answered, the connection closing)."""
+        headers = self._headers
+        url = self._url
+        q = url.find(b"?")
+        path = (url if q < 0 else url[:q]).decode("utf-8", "replace")
+        length = headers.get(b"content-length")
+        has_body = b"transfer-encoding" in headers or (length is not None and length != b"0")
+        verdict = gate(self.parser.get_method(), path, headers, has_body)
+        if type(verdict) is Refusal:
+            self._refuse(verdict)
+            return False
+        if self._authed is None:  # the first request decides which share the slot is in
+            server = self.server
+            if not verdict and not server.admit_unauthenticated():
+                reserve = server.limits.auth_reserve_connections
+                self._refuse(Refusal(503, _error_doc(503, (
+                    f"this port keeps {reserve} of its {server.max_connections} connections "
+                    "for requests that carry its token, and the rest are in use: retry later"
+                ))))  # fmt: skip
+                return False
+            self._authed = bool(verdict)
+        return True
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` now and close: what the client sends after the headers is
+        dropped unread (no body buffered, no ``100 Continue``)."""
+        self._too_large = True  # on_body drops what this chunk still holds
+        if self._broken or self._closed or self.transport is None:
+            return
+        self._broken = True
+        self.transport.pause_reading()
+        slot = _Slot(self, False)
+        self._slots.append(slot)
+        self._answer(slot, refusal.status, refusal.body, refusal.content_type)
 
     def on_body(self, body: bytes) -> None:
         if self._too_large:
@@ -640,6 +739,7 @@ class _Connection(asyncio.Protocol):
                 return
         if not slots and self._state == _IDLE:
             self._since = self.server.clock.now()  # keep-alive idleness starts now
+            self.server.idle[self] = None  # the newest idle one: evicted last
 
     def open_stream(self, slot: _Slot, status: int, content_type: bytes) -> Stream:
         """Answer ``slot`` with a head and no length, and turn the connection into a stream:
@@ -710,6 +810,7 @@ class HttpServer:
         clock: Clock | None = None,
         streaming: bool = False,
         on_turn: Callable[[float, float], None] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.router = router
         self.streaming = streaming
@@ -720,6 +821,13 @@ class HttpServer:
         self.clock: Clock = clock or MonotonicClock()
         self.max_connections = self.limits.max_connections  # clamped to the fd limit at start
         self.connections: set[_Connection] = set()
+        # Connections that became idle (opened, or answered everything), oldest first: at the
+        # limit the oldest still idle is closed to admit a new client. Entries may be stale
+        # (a request began since); evict_idle() checks and skips them.
+        self.idle: dict[_Connection, None] = {}
+        self.evicted = 0  # idle connections closed to make room
+        self.gate = gate
+        self.unauthenticated = 0  # connections whose first request carried no credential
         self.refused = 0  # connections answered 503 and closed beyond the limit and reserve
         self._refusals_logged = 0
         self._last_refusal_log = float("-inf")
@@ -730,6 +838,36 @@ class HttpServer:
         # Told of each loop turn that read requests: (first read, end of the turn's work).
         self.on_turn = on_turn
         self.draining = False  # begin_drain(): no new connections, each closes when answered
+
+    def evict_idle(self) -> bool:
+        """Close the connection that has been idle longest (HTTP lets a server close an idle
+        keep-alive connection at any time; the client reconnects): True when one was."""
+        idle = self.idle
+        while idle:
+            conn = next(iter(idle))
+            del idle[conn]
+            if conn._is_idle():
+                self.release(conn)
+                conn._close()
+                self.evicted += 1
+                return True
+        return False
+
+    def release(self, conn: _Connection) -> None:
+        """``conn`` no longer holds a slot (closed, or evicted ahead of its close)."""
+        if conn in self.connections:
+            self.connections.discard(conn)
+            if conn._authed is False:
+                self.unauthenticated -= 1
+        self.idle.pop(conn, None)
+
+    def admit_unauthenticated(self) -> bool:
+        """A connection whose first request carries no credential takes a slot outside the
+        reserve, if one is left."""
+        if self.unauthenticated >= self.max_connections - self.limits.auth_reserve_connections:
+            return False
+        self.unauthenticated += 1
+        return True
 
     def begin_turn(self, now: float) -> None:
         """The loop's current turn read its first request bytes at ``now``. Under saturation

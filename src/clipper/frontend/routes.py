@@ -19,7 +19,14 @@ import orjson
 from clipper.errors import BadInputError, NotFoundError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.clipper_rest import PredictParser, parse_feedback
-from clipper.frontend.http import JSON, Respond, error_body, json_response, watch_client
+from clipper.frontend.http import (
+    JSON,
+    Refusal,
+    Respond,
+    error_body,
+    json_response,
+    watch_client,
+)
 from clipper.frontend.model_failure import model_failure
 from clipper.query.prediction import CancellableReply, Prediction, answer_failed
 from clipper.query.runtime import QueryServices
@@ -319,6 +326,28 @@ class AdminRoutes:
             return
         if self.authorized(headers, respond):
             self.api.route(method, path, headers, body, respond)
+
+    def gate(
+        self, method: bytes, path: str, headers: Mapping[bytes, bytes], has_body: bool
+    ) -> bool | Refusal:
+        """The token check at headers-complete (:class:`~clipper.frontend.http.Gate`), before
+        the body is read: a request without the token is refused (401) unless it is one the
+        dashboard serves without a token (its page and files: no body, and the dashboard
+        checks its data routes itself)."""
+        if self._token is None:
+            return True
+        auth = headers.get(b"authorization")
+        if repeated_authorization(auth):
+            return Refusal(400, _DUPLICATE_AUTH)
+        if bearer_token_matches(auth, self._token):
+            return True
+        if (
+            self.dashboard is not None
+            and not has_body
+            and (path == "/dashboard" or path.startswith("/dashboard/"))
+        ):
+            return False
+        return Refusal(401, _UNAUTHORIZED)
 
     def authorized(self, headers: Mapping[bytes, bytes], respond: Respond) -> bool:
         """The bearer token check; a refusal is answered here (400 or 401)."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from clipper.errors import BadInputError, NotFoundError, RequestError
+from clipper.frontend.fast_input import PRECHECK_BYTES, ItemCounter
 from clipper.frontend.http import JSON, Respond, watch_client
 from clipper.frontend.model_failure import model_failure
 from clipper.frontend.v2_request import (
@@ -35,6 +36,7 @@ from clipper.frontend.v2_request import (
     resolve_version,
     tensor_datatype,
     timeout_slo,
+    too_many_rows,
 )
 from clipper.query.prediction import CancellableReply, Prediction, answer_failed
 from clipper.version import __version__
@@ -61,6 +63,8 @@ __all__ = [
 SERVER_NAME = "clipper-serve"
 PLATFORM = "clipper-serve"
 _EMPTY = b"text/plain"
+# A large JSON header's batch dimensions, read before its parse (used on the loop's thread).
+_COUNTER = ItemCounter()
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -225,9 +229,13 @@ def model_config(svc: QueryServices, app: Application, version: str | None) -> d
 
 
 # -- infer -------------------------------------------------------------------------------------
-def parse_infer(headers: dict[bytes, bytes], body: bytes) -> InferRequest:
+def parse_infer(
+    headers: dict[bytes, bytes], body: bytes, max_items: int | None = None
+) -> InferRequest:
     """The REST infer request (a JSON header, then binary tensor data when the header
-    ``Inference-Header-Content-Length`` says where the JSON ends) as an :class:`InferRequest`."""
+    ``Inference-Header-Content-Length`` says where the JSON ends) as an :class:`InferRequest`.
+    With ``max_items``, a JSON header over :data:`PRECHECK_BYTES` whose batch dimension
+    exceeds it is refused (413) before it is parsed into Python objects."""
     binary = b""
     header_len = headers.get(b"inference-header-content-length")
     if header_len is not None:
@@ -237,6 +245,13 @@ def parse_infer(headers: dict[bytes, bytes], body: bytes) -> InferRequest:
                 f"at most the body's {len(body)} bytes"
             )
         body, binary = body[: int(header_len)], body[int(header_len) :]
+    if max_items is not None and len(body) > PRECHECK_BYTES:
+        try:
+            rows = _COUNTER.v2_rows(body)
+        except ValueError as e:
+            raise BadInputError(f"malformed JSON in the infer request: {e}") from None
+        if rows is not None and rows[1] > max_items:
+            raise too_many_rows(rows[0], rows[1], max_items)
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
@@ -323,7 +338,7 @@ def _infer(  # noqa: PLR0917
     respond: Respond,
     t0: float | None = None,
 ) -> None:
-    request = parse_infer(headers, body)
+    request = parse_infer(headers, body, svc.max_items)
     payloads = input_payloads(app, request.inputs, svc.max_items)
     model_version = resolve_version(svc.catalog.registry, app, version)
     reply = _V2Reply(respond, app, model_version, request)

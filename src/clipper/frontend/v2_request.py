@@ -47,6 +47,7 @@ __all__ = [
     "single_model",
     "tensor_datatype",
     "timeout_slo",
+    "too_many_rows",
 ]
 
 OUTPUT_NAME = "output"
@@ -167,6 +168,13 @@ def check_outputs(names: list[Any]) -> None:
 
 
 # -- inputs ------------------------------------------------------------------------------------
+def too_many_rows(name: str, n: int, max_items: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"input '{name}': the batch dimension (shape[0]) is {n}; at most {max_items} rows "
+        "are accepted per request (max_items_per_request): split it into several requests"
+    )
+
+
 def input_payloads(
     app: Application, inputs: list[InputTensor], max_items: int = DEFAULT_MAX_ITEMS
 ) -> list[bytes]:
@@ -190,10 +198,7 @@ def input_payloads(
     if n == 0:
         raise BadInputError(f"input '{name}': the batch dimension is 0")
     if n > max_items:
-        raise PayloadTooLarge(
-            f"input '{name}': the batch dimension (shape[0]) is {n}; at most {max_items} rows "
-            "are accepted per request (max_items_per_request): split it into several requests"
-        )
+        raise too_many_rows(name, n, max_items)
     if datatype not in _ALL_TYPES:
         raise BadInputError(f"input '{name}': unknown datatype {datatype!r}")
     itype = app.input_type
