@@ -898,6 +898,7 @@ class LoadGenClient:
         self.sending: dict[KeepAliveConnection, tuple[int, int]] = {}
         self.opening = 0
         self.open = 0
+        self.opened = 0
         self.waiting: list[tuple[int, int]] = []
         self.conns: set[KeepAliveConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -957,6 +958,7 @@ class LoadGenClient:
             return
         self.opening -= 1
         self.open += 1
+        self.opened += 1
         self.conns.add(conn)
         self._ready(conn)
 
@@ -1021,6 +1023,7 @@ class PoissonRun:
     scheduled_qps: float  # LoadGen's scheduled samples per second
     issued: int  # queries LoadGen issued
     duration_s: float  # our client: first issue to last completion
+    connections: int  # connections our client opened
     counts: Counts
 
     @property
@@ -1042,11 +1045,13 @@ class PoissonRun:
     def load_result(self, target: str) -> LoadResult:
         """This run as a :class:`LoadResult` (engine ``loadgen``, mode ``open``)."""
         c = self.counts
+        # The duration LoadGen's completed rate implies, so that goodput and throughput agree.
+        dur = self.issued / self.completed_qps if self.completed_qps > 0 else self.duration_s
         return LoadResult(
             mode="open",
             target=target,
             rate_or_concurrency=self.qps,
-            duration_s=self.duration_s,
+            duration_s=dur,
             requests=c.answered,
             throughput_rps=self.completed_qps,
             p50_us=self.p50_ms * 1e3,
@@ -1061,6 +1066,7 @@ class PoissonRun:
             max_us=self.max_ms * 1e3,
             offered=self.issued,
             parsed=c.answered - c.non_2xx,
+            connections=self.connections,
             error_kinds={"failed": c.failed} if c.failed else {},
             loadgen_valid=self.loadgen_valid,
             slo_ms=self.slo_ms,
@@ -1153,6 +1159,7 @@ def poisson_run(
         scheduled_qps=_summary_field(summary, r"Scheduled samples per second\s*:\s*([\d.]+)"),
         issued=c.answered + c.failed,
         duration_s=max(client.last_ns - client.first_ns, 0) / 1e9,
+        connections=client.opened,
         counts=c,
     )
 
