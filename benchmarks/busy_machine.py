@@ -13,8 +13,9 @@ shedding rule crossed with a CPU hog (a busy loop pinned to CPU 0) off or on:
   rule before; ``serve.py --shed-on-wall-lag``).
 
 For each: a closed loop of 32 connections (wrk): goodput and the share of default outputs by
-reason (the server's counters), client p99; then Poisson open loops at fractions (``--rates``)
-of that closed-loop goodput (the capacity in the same conditions, hog or not): the share of
+reason (the server's counters), client p99; then Poisson open loops (MLCommons LoadGen's Server
+scenario, ``loadgen.open_loop(poisson=True)``; p99 is LoadGen's) at fractions (``--rates``) of
+that closed-loop goodput (the capacity in the same conditions, hog or not): the share of
 defaults and client p99. Medians over the rounds; every round's numbers are in the results file.
 Loopback only; every server and hog is stopped by PID.
 """
@@ -40,6 +41,7 @@ from issue10 import server_latency, server_view
 from report import HERE, Config, Run, free_port, server
 
 BODY = orjson.dumps({"input": [0.5] * 64})
+SLO_MS = 20.0
 RULES = {"backlog": [], "wall": ["--shed-on-wall-lag"]}
 
 
@@ -62,7 +64,8 @@ def measure(url: str, qport: int, *, rate: float | None, duration: float) -> dic
             url, BODY, 32, duration_s=duration, engine="wrk", count_defaults=False
         )
     else:
-        res = loadgen.open_loop(url, BODY, rate, duration_s=duration, poisson=True)
+        # Poisson arrivals by LoadGen, its p99 bound the server's SLO.
+        res = loadgen.open_loop(url, BODY, rate, duration_s=duration, poisson=True, slo_ms=SLO_MS)
     sv = server_view(before, server_latency(qport))
     answered = max(sv["count"], 1.0)
     defaults = sum(sv["defaults"].values())
@@ -97,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             qp, rp = free_port(), free_port()
             cmd = [
                 str(HERE / "serve.py"), "--query-port", str(qp), "--rpc-port", str(rp),
-                "--model", "spin", "--slo-ms", "20", "--cpus", "0", *extra,
+                "--model", "spin", "--slo-ms", f"{SLO_MS:g}", "--cpus", "0", *extra,
             ]  # fmt: skip
             stack.enter_context(server(rule, cmd, qp, run))
             urls[rule] = (f"http://127.0.0.1:{qp}/bench/predict", qp)

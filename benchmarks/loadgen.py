@@ -8,12 +8,20 @@ Two load models:
   by a generated Lua script; the fastest client) and ``python`` (uvloop + ``asyncio.Protocol``
   over raw sockets, responses parsed with ``httptools``).
 
-* **Open loop** (``--rate R``): requests are *scheduled* at fixed intervals (or Poisson arrivals
-  with ``--poisson``) independently of the answers, and latency is measured from the scheduled
-  send time, so a server (or client) that falls behind shows up as latency instead of being
-  hidden by coordinated omission. A pool of keep-alive connections grows on demand up to
-  ``--max-connections``; a request that finds no free connection at the cap is counted as
-  ``dropped`` (by the client). Python engine only.
+* **Open loop** (``--rate R``): requests are *scheduled* independently of the answers, and
+  latency is measured from the scheduled send time, so a server (or client) that falls behind
+  shows up as latency instead of being hidden by coordinated omission. Two engines:
+
+  * Poisson arrivals (``--poisson``): MLCommons LoadGen (``mlperf_loadgen``, package
+    ``mlcommons-loadgen``) in its Server scenario schedules the queries, measures their latency
+    and gives its VALID verdict for a latency bound (``--slo-ms``) at the 99th percentile;
+    :func:`poisson_run` is the system under test (an asyncio keep-alive client on a thread of
+    its own) and one LoadGen run.
+  * Fixed intervals (the default): the hand-written Python engine. LoadGen has no
+    constant-rate Server mode, and the benchmarks that compare batching policies at one
+    steady rate (``report.py``, ``issue10.py``) need one. A pool of keep-alive connections
+    grows on demand up to ``--max-connections``; a request that finds no free connection at the
+    cap is counted as ``dropped`` (by the client).
 
 Every response body is parsed with orjson (up to ``parse_limit`` bodies) and the share of
 answers with ``"default": true`` is reported: clipper-serve answers the application's default
@@ -26,6 +34,8 @@ Examples::
     python benchmarks/loadgen.py --url http://127.0.0.1:1337/bench/predict \\
         --body-file body.json --rate 2000 --duration 10 --json
     python benchmarks/loadgen.py --url http://127.0.0.1:1337/bench/predict --input-size 64 \\
+        --rate 2000 --poisson --slo-ms 20 --duration 5
+    python benchmarks/loadgen.py --url http://127.0.0.1:1337/bench/predict --input-size 64 \\
         --max-rate-slo-ms 20
 """
 
@@ -37,13 +47,16 @@ import contextlib
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -53,14 +66,20 @@ import orjson
 import uvloop
 
 __all__ = [
+    "Counts",
     "KeepAliveConnection",
+    "LoadGenClient",
     "LoadResult",
+    "PoissonRun",
     "SustainableRate",
+    "build_request",
     "closed_loop",
     "make_body",
     "max_sustainable_rate",
     "open_loop",
+    "poisson_run",
     "run_wrk",
+    "sustainable",
 ]
 
 WRK_BIN = "/usr/bin/wrk"
@@ -99,6 +118,11 @@ class LoadResult:
     connections: int = 0  # connections opened
     client_lag_p99_us: float = 0.0  # open loop: p99 of (actual send - scheduled send)
     error_kinds: dict[str, int] = field(default_factory=dict)
+    # Poisson open loop (engine "loadgen"): LoadGen's verdict for slo_ms at the 99th
+    # percentile, and the conditions it found unmet when INVALID.
+    loadgen_valid: bool | None = None
+    slo_ms: float = 0.0
+    loadgen_unmet: list[str] = field(default_factory=list)
 
     @property
     def default_share(self) -> float:
@@ -139,7 +163,11 @@ class LoadResult:
             f"mean={self.mean_us:,.0f}; errors={self.errors} non2xx={self.non_2xx} "
             f"defaults={self.defaults}/{self.parsed} ({100 * self.default_share:.2f}%)"
         )
-        if self.mode == "open":
+        if self.engine == "loadgen":
+            verdict = "VALID" if self.loadgen_valid else "INVALID"
+            unmet = f" ({', '.join(self.loadgen_unmet)} not met)" if self.loadgen_unmet else ""
+            s += f" LoadGen {verdict} at p99 <= {self.slo_ms:g} ms{unmet}"
+        elif self.mode == "open":
             s += f" dropped={self.dropped} client_lag_p99={self.client_lag_p99_us:,.0f}us"
         return s
 
@@ -183,7 +211,8 @@ def _split_url(url: str) -> tuple[str, int, str]:
     return parts.hostname, parts.port or 80, path
 
 
-def _build_request(url: str, body: bytes) -> bytes:
+def build_request(url: str, body: bytes) -> bytes:
+    """The raw HTTP/1.1 ``POST`` of ``body`` (JSON) to ``url``, as the engines send it."""
     host, port, path = _split_url(url)
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
@@ -487,7 +516,7 @@ async def closed_loop_async(
         raise ValueError("give duration_s or requests")
     loop = asyncio.get_running_loop()
     host, port, _ = _split_url(url)
-    request = _build_request(url, body)
+    request = build_request(url, body)
     stats = _Stats(parse_limit)
     state = {"sent": 0, "outstanding": 0, "stopping": False, "opened": 0}
     finished = loop.create_future()
@@ -622,8 +651,12 @@ def closed_loop(
 
 
 # --------------------------------------------------------------------------------------------
-# Python engine: open loop
+# Python engine: open loop at a constant rate
 # --------------------------------------------------------------------------------------------
+
+# Poisson arrivals are LoadGen's (see :func:`poisson_run`). This engine stays for the fixed
+# intervals only: LoadGen's Server scenario always draws Poisson arrivals and has no
+# constant-rate mode, and report.py and issue10.py compare batching policies at one steady rate.
 
 
 async def open_loop_async(
@@ -632,15 +665,14 @@ async def open_loop_async(
     rate: float,
     *,
     duration_s: float = 10.0,
-    poisson: bool = False,
     max_connections: int = 512,
     initial_connections: int = 8,
     drain_timeout_s: float = 5.0,
     parse_limit: int | None = None,
-    seed: int = 0,
     spin: bool = False,
 ) -> LoadResult:
-    """Open loop on the running event loop; latency is measured from the scheduled send time.
+    """Constant-rate open loop on the running event loop (one request every ``1 / rate`` s);
+    latency is measured from the scheduled send time.
 
     Timers on uvloop have millisecond resolution, so a request may be sent up to ~1 ms after
     its scheduled time (reported as ``client_lag_p99_us`` and included in the latency).
@@ -651,7 +683,7 @@ async def open_loop_async(
         raise ValueError("rate must be > 0")
     loop = asyncio.get_running_loop()
     host, port, _ = _split_url(url)
-    request = _build_request(url, body)
+    request = build_request(url, body)
     stats = _Stats(parse_limit)
     idle: list[KeepAliveConnection] = []
     conns: list[KeepAliveConnection] = []
@@ -724,7 +756,6 @@ async def open_loop_async(
     state["open"] += n_init
     await asyncio.gather(*(open_conn(None) for _ in range(n_init)))
 
-    rng = random.Random(seed)
     interval_ns = 1e9 / rate
     total = max(1, int(rate * duration_s))
     t0 = time.perf_counter_ns()
@@ -742,7 +773,7 @@ async def open_loop_async(
             while i < total and t0 + int(next_off) <= now:
                 dispatch(t0 + int(next_off))
                 i += 1
-                next_off += rng.expovariate(1.0) * interval_ns if poisson else interval_ns
+                next_off += interval_ns
             await asyncio.sleep(0)  # let I/O run between bursts
         state["scheduling"] = False
         check_drained()
@@ -774,24 +805,362 @@ def open_loop(
     *,
     duration_s: float = 10.0,
     poisson: bool = False,
+    slo_ms: float = 20.0,
     max_connections: int = 512,
     drain_timeout_s: float = 5.0,
     spin: bool = False,
-    seed: int = 0,
 ) -> LoadResult:
-    """Open-loop load at ``rate`` requests/s for ``duration_s`` (runs its own uvloop)."""
+    """Open-loop load at ``rate`` requests/s for ``duration_s``.
+
+    ``poisson=True``: Poisson arrivals by LoadGen (:func:`poisson_run`, every request
+    ``body``), its verdict for a ``slo_ms`` bound at p99 in ``loadgen_valid``; LoadGen may run
+    a little past ``duration_s`` to issue its minimum query count. Otherwise fixed intervals
+    by the Python engine (its own uvloop; ``slo_ms`` unused, ``spin`` and ``drain_timeout_s``
+    are its own).
+    """
+    if poisson:
+        run = poisson_run(
+            url,
+            [build_request(url, body)],
+            rate,
+            duration_s,
+            slo_ms=slo_ms,
+            is_default=_is_default,
+            max_connections=max_connections,
+        )
+        return run.load_result(url)
     return uvloop.run(
         open_loop_async(
             url,
             body,
             rate,
             duration_s=duration_s,
-            poisson=poisson,
             max_connections=max_connections,
             drain_timeout_s=drain_timeout_s,
             spin=spin,
-            seed=seed,
         )
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# LoadGen engine: Poisson open loop
+# --------------------------------------------------------------------------------------------
+
+
+def _lg() -> Any:
+    """``mlperf_loadgen``, imported on first use: the closed loop and the constant-rate open
+    loop run without it."""
+    import mlperf_loadgen
+
+    return mlperf_loadgen
+
+
+@dataclass
+class Counts:
+    """What our client saw, beside LoadGen's own figures."""
+
+    answered: int = 0  # responses, any status
+    defaults: int = 0  # 200 responses whose body is the default output
+    non_2xx: int = 0  # responses with a status other than 200
+    failed: int = 0  # queries with no response (connect failed, connection lost)
+
+    @property
+    def errors(self) -> int:
+        return self.non_2xx + self.failed
+
+
+class LoadGenClient:
+    """LoadGen's system under test: sends each sample's request on a keep-alive connection
+    (one query in flight per connection, opened as needed, at most ``max_connections``; a
+    query that finds none free waits for one, and LoadGen counts the wait as latency) and
+    tells LoadGen when it is answered. Runs its own uvloop on a thread of its own, since
+    LoadGen's ``StartTest`` blocks the caller and issues from LoadGen's threads."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        requests: Sequence[bytes],
+        is_default: Callable[[bytes], bool],
+        *,
+        max_connections: int = 512,
+    ) -> None:
+        if not requests:
+            raise ValueError("give at least one request")
+        self.host, self.port = host, port
+        self.requests = requests
+        self.is_default = is_default
+        self.max_connections = max_connections
+        self.counts = Counts()
+        self.lg = _lg()
+        self.loop = uvloop.new_event_loop()
+        self.idle: list[KeepAliveConnection] = []
+        self.sending: dict[KeepAliveConnection, tuple[int, int]] = {}
+        self.opening = 0
+        self.open = 0
+        self.opened = 0
+        self.waiting: list[tuple[int, int]] = []
+        self.conns: set[KeepAliveConnection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.first_ns = 0
+        self.last_ns = 0
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    # LoadGen's threads
+    def issue(self, samples: list[Any]) -> None:
+        self.loop.call_soon_threadsafe(self._issue, [(s.id, s.index) for s in samples])
+
+    def flush(self) -> None:
+        """Nothing is batched on this side."""
+
+    def close(self) -> None:
+        """Close every connection and stop the client's loop and thread (after the run)."""
+
+        def shut() -> None:
+            for task in self.tasks:
+                task.cancel()
+            for conn in self.conns:
+                conn.close()
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(shut)
+        self.thread.join(5)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+    # the client's loop
+    def _issue(self, samples: list[tuple[int, int]]) -> None:
+        if not self.first_ns:
+            self.first_ns = time.perf_counter_ns()
+        for sample in samples:
+            if self.idle:
+                self._send(self.idle.pop(), sample)
+            else:
+                self.waiting.append(sample)
+                if self.open + self.opening < self.max_connections:
+                    self.opening += 1
+                    task = self.loop.create_task(self._connect())
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+
+    async def _connect(self) -> None:
+        try:
+            _, conn = await self.loop.create_connection(
+                lambda: KeepAliveConnection(b"", self._answered, self._lost),
+                self.host,
+                self.port,
+            )
+        except OSError:
+            self.opening -= 1
+            if self.waiting:
+                self._fail(self.waiting.pop(0))
+            return
+        self.opening -= 1
+        self.open += 1
+        self.opened += 1
+        self.conns.add(conn)
+        self._ready(conn)
+
+    def _ready(self, conn: KeepAliveConnection) -> None:
+        if self.waiting:
+            self._send(conn, self.waiting.pop(0))
+        else:
+            self.idle.append(conn)
+
+    def _send(self, conn: KeepAliveConnection, sample: tuple[int, int]) -> None:
+        self.sending[conn] = sample
+        conn.request = self.requests[sample[1] % len(self.requests)]
+        conn.send(0)
+
+    def _answered(self, conn: KeepAliveConnection, status: int, body: bytes, _: int) -> None:
+        sample = self.sending.pop(conn)
+        self.counts.answered += 1
+        if status != 200:
+            self.counts.non_2xx += 1
+        elif self.is_default(body):
+            self.counts.defaults += 1
+        self._complete(sample)
+        if not conn.closed:
+            self._ready(conn)
+
+    def _lost(self, conn: KeepAliveConnection) -> None:
+        self.open -= 1
+        self.conns.discard(conn)
+        with contextlib.suppress(ValueError):
+            self.idle.remove(conn)
+        sample = self.sending.pop(conn, None)
+        if sample is not None:
+            self._fail(sample)
+
+    def _fail(self, sample: tuple[int, int]) -> None:
+        # Completed for LoadGen (it must not wait for it), counted as a failure here: a
+        # failed query is fast, so LoadGen's latency alone would flatter a broken server.
+        self.counts.failed += 1
+        self._complete(sample)
+
+    def _complete(self, sample: tuple[int, int]) -> None:
+        self.last_ns = time.perf_counter_ns()
+        self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(sample[0], 0, 0)])
+
+
+@dataclass
+class PoissonRun:
+    """One LoadGen Server-scenario run: LoadGen's verdict and latency figures (its own
+    percentiles, from the scheduled issue time) and what our client counted."""
+
+    qps: float  # LoadGen's target rate
+    slo_ms: float  # the latency bound, at the 99th percentile
+    loadgen_valid: bool
+    unmet: list[str]  # LoadGen's conditions that failed (when INVALID)
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    p999_ms: float
+    mean_ms: float
+    max_ms: float
+    completed_qps: float  # LoadGen's completed samples per second
+    scheduled_qps: float  # LoadGen's scheduled samples per second
+    issued: int  # queries LoadGen issued
+    duration_s: float  # our client: first issue to last completion
+    connections: int  # connections our client opened
+    counts: Counts
+
+    @property
+    def answered(self) -> int:
+        return self.counts.answered
+
+    @property
+    def defaults(self) -> int:
+        return self.counts.defaults
+
+    @property
+    def errors(self) -> int:
+        return self.counts.errors
+
+    @property
+    def default_share(self) -> float:
+        return self.counts.defaults / max(self.counts.answered, 1)
+
+    def load_result(self, target: str) -> LoadResult:
+        """This run as a :class:`LoadResult` (engine ``loadgen``, mode ``open``)."""
+        c = self.counts
+        # The duration LoadGen's completed rate implies, so that goodput and throughput agree.
+        dur = self.issued / self.completed_qps if self.completed_qps > 0 else self.duration_s
+        return LoadResult(
+            mode="open",
+            target=target,
+            rate_or_concurrency=self.qps,
+            duration_s=dur,
+            requests=c.answered,
+            throughput_rps=self.completed_qps,
+            p50_us=self.p50_ms * 1e3,
+            p99_us=self.p99_ms * 1e3,
+            p999_us=self.p999_ms * 1e3,
+            errors=c.failed,
+            non_2xx=c.non_2xx,
+            defaults=c.defaults,
+            engine="loadgen",
+            p90_us=self.p90_ms * 1e3,
+            mean_us=self.mean_ms * 1e3,
+            max_us=self.max_ms * 1e3,
+            offered=self.issued,
+            parsed=c.answered - c.non_2xx,
+            connections=self.connections,
+            error_kinds={"failed": c.failed} if c.failed else {},
+            loadgen_valid=self.loadgen_valid,
+            slo_ms=self.slo_ms,
+            loadgen_unmet=list(self.unmet),
+        )
+
+
+def _summary_field(text: str, pattern: str) -> float:
+    m = re.search(pattern, text)
+    return float(m.group(1)) if m else float("nan")
+
+
+def _summary_ms(text: str, label: str) -> float:
+    return _summary_field(text, rf"{label} \(ns\)\s*:\s*(\d+)") / 1e6
+
+
+def poisson_run(
+    target: str | tuple[str, int],
+    requests: Sequence[bytes],
+    qps: float,
+    duration_s: float,
+    *,
+    slo_ms: float,
+    is_default: Callable[[bytes], bool] | None = None,
+    max_connections: int = 512,
+) -> PoissonRun:
+    """One LoadGen Server-scenario run at ``qps`` Poisson arrivals against ``target`` (an
+    ``http://`` URL or ``(host, port)``), sending ``requests`` (raw HTTP/1.1 requests, e.g.
+    from :func:`build_request`; LoadGen draws sample ``i`` as ``requests[i]``).
+
+    LoadGen runs for at least ``duration_s`` and at least 90% of ``qps * duration_s`` queries
+    (at most 3x ``duration_s``) and says VALID when the 99th percentile of latency is within
+    ``slo_ms`` and those minimums (and its early-stopping bound) are met. ``is_default``
+    (``None``: never) tells the default output from a body. One run at a time per process:
+    LoadGen's state is global.
+    """
+    if qps <= 0 or duration_s <= 0 or slo_ms <= 0:
+        raise ValueError("qps, duration_s and slo_ms must be > 0")
+    host, port = _split_url(target)[:2] if isinstance(target, str) else target
+    lg = _lg()
+    client = LoadGenClient(
+        host, port, requests, is_default or (lambda _: False), max_connections=max_connections
+    )
+    settings = lg.TestSettings()
+    settings.scenario = lg.TestScenario.Server
+    settings.mode = lg.TestMode.PerformanceOnly
+    settings.server_target_qps = qps
+    settings.server_target_latency_ns = round(slo_ms * 1e6)
+    settings.server_target_latency_percentile = 0.99
+    settings.min_duration_ms = round(duration_s * 1e3)
+    settings.max_duration_ms = round(duration_s * 3e3)
+    settings.min_query_count = max(int(qps * duration_s * 0.9), 100)
+    sut = lg.ConstructSUT(client.issue, client.flush)
+    n = len(requests)
+    qsl = lg.ConstructQSL(n, n, lambda _: None, lambda _: None)
+    with tempfile.TemporaryDirectory(prefix="mlperf-") as out:
+        log = lg.LogOutputSettings()
+        log.outdir = out
+        log.copy_summary_to_stdout = False
+        log_settings = lg.LogSettings()
+        log_settings.log_output = log
+        try:
+            lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
+        finally:
+            lg.DestroyQSL(qsl)
+            lg.DestroySUT(sut)
+            client.close()
+        summary = (Path(out) / "mlperf_log_summary.txt").read_text()
+    valid = "Result is : VALID" in summary
+    # Which of LoadGen's conditions failed (latency bound, duration, query count, early
+    # stopping: too few queries to bound the percentile).
+    unmet = (
+        []
+        if valid
+        else re.findall(r"^\s*(.+?) satisfied\s*:\s*NO", summary, re.MULTILINE | re.IGNORECASE)
+    )
+    c = client.counts
+    return PoissonRun(
+        qps=qps,
+        slo_ms=slo_ms,
+        loadgen_valid=valid,
+        unmet=unmet,
+        p50_ms=_summary_ms(summary, r"50\.00 percentile latency"),
+        p90_ms=_summary_ms(summary, r"90\.00 percentile latency"),
+        p99_ms=_summary_ms(summary, r"99\.00 percentile latency"),
+        p999_ms=_summary_ms(summary, r"99\.90 percentile latency"),
+        mean_ms=_summary_ms(summary, "Mean latency"),
+        max_ms=_summary_ms(summary, "Max latency"),
+        completed_qps=_summary_field(summary, r"Completed samples per second\s*:\s*([\d.]+)"),
+        scheduled_qps=_summary_field(summary, r"Scheduled samples per second\s*:\s*([\d.]+)"),
+        issued=c.answered + c.failed,
+        duration_s=max(client.last_ns - client.first_ns, 0) / 1e9,
+        connections=client.opened,
+        counts=c,
     )
 
 
@@ -807,7 +1176,21 @@ def sustainable(
     max_default_share: float = 0.01,
     max_failure_share: float = 0.01,
 ) -> bool:
-    """The criteria of :func:`max_sustainable_rate` for one open-loop run."""
+    """The criteria of :func:`max_sustainable_rate` for one open-loop run.
+
+    A LoadGen (Poisson) run passes on LoadGen's VALID verdict for the SLO at p99 (its latency
+    counts from the scheduled issue time, so a server that falls behind fails on latency; the
+    run's own bound is ``res.slo_ms``), < 1% defaults and < 1% errors. A constant-rate run
+    passes on p99 < SLO, >= 95% of the offered rate achieved, < 1% defaults and < 1%
+    errors/non-2xx/dropped.
+    """
+    if res.engine == "loadgen":
+        return (
+            res.requests > 0
+            and bool(res.loadgen_valid)
+            and res.default_share < max_default_share
+            and res.failure_share < max_failure_share
+        )
     return (
         res.requests > 0
         and res.p99_us < slo_us
@@ -835,12 +1218,17 @@ def max_sustainable_rate(
     poisson: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> SustainableRate:
-    """Highest offered open-loop rate with p99 < SLO, >= 95% achieved and < 1% defaults.
+    """Highest offered open-loop rate that passes :func:`sustainable` for ``slo_us``.
+
+    ``poisson=True``: every step is a LoadGen Server-scenario run (Poisson arrivals) with the
+    SLO as its p99 bound, and passes on LoadGen's VALID verdict + the default and error caps;
+    otherwise a constant-rate run with p99 < SLO, >= 95% achieved and < 1% defaults.
 
     Geometric search (x ``growth``) from ``start_rate`` until a rate fails (or downwards if the
     first one fails), then ``bisect_steps`` bisections between the best pass and the first
-    failure; at most ``max_steps`` runs of ``step_duration_s`` each. Each run is preceded by
-    ``warmup_s`` of load at the same rate (discarded) so that the state the previous (maybe
+    failure; at most ``max_steps`` runs of ``step_duration_s`` each (LoadGen may run a step a
+    little longer, to issue its minimum query count). Each run is preceded by ``warmup_s`` of
+    constant-rate load at the same rate (discarded) so that the state the previous (maybe
     overloaded) step left in the server does not decide this one.
     """
     trials: list[tuple[float, bool, LoadResult]] = []
@@ -858,6 +1246,7 @@ def max_sustainable_rate(
             rate,
             duration_s=step_duration_s,
             poisson=poisson,
+            slo_ms=slo_us / 1e3,
             max_connections=max_connections,
             drain_timeout_s=max(2.0, 3 * slo_us / 1e6),
         )
@@ -909,9 +1298,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--engine", choices=["wrk", "python"], default="wrk", help="closed loop")
     p.add_argument("--threads", type=int, default=1, help="wrk threads (default 1)")
     p.add_argument("--timeout", type=float, default=10.0, help="request timeout, s")
-    p.add_argument("--poisson", action="store_true", help="open loop: Poisson arrivals")
+    p.add_argument(
+        "--poisson", action="store_true", help="open loop and search: Poisson arrivals (LoadGen)"
+    )
+    p.add_argument(
+        "--slo-ms", type=float, default=20.0, help="--rate --poisson: LoadGen's p99 bound"
+    )
     p.add_argument("--max-connections", type=int, default=512, help="open loop pool cap")
-    p.add_argument("--spin", action="store_true", help="open loop: sub-ms send precision")
+    p.add_argument(
+        "--spin", action="store_true", help="constant-rate open loop: sub-ms send precision"
+    )
     p.add_argument("--start-rate", type=float, default=200.0, help="search: first rate")
     p.add_argument("--no-defaults", action="store_true", help="do not inspect bodies")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -949,6 +1345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.rate,
             duration_s=args.duration,
             poisson=args.poisson,
+            slo_ms=args.slo_ms,
             max_connections=args.max_connections,
             spin=args.spin,
         )

@@ -7,9 +7,10 @@ The load is MLCommons' own LoadGen (``pip install mlcommons-loadgen``, in the ``
 extra): Poisson arrivals at a target rate, the run VALID only when the 99th percentile of
 latency is within the bound and enough queries ran. On top of LoadGen's verdict a run counts
 only with at most 0.1% default outputs and no errors: MLPerf's 99.9%-accuracy tier, where a
-default output is a wrong answer. The system under test is an asyncio HTTP/1.1 client with
-keep-alive connections (one per query in flight, opened as needed, at most 512), sending each
-sample's own body: every query is distinct, and the prediction cache is off.
+default output is a wrong answer. Each run is ``loadgen.poisson_run`` (the benchmarks' Poisson
+engine): the system under test is an asyncio HTTP/1.1 client with keep-alive connections (one
+per query in flight, opened as needed, at most 512), sending each sample's own body: every
+query is distinct, and the prediction cache is off.
 
 The model is the peers' ``spin`` workload (``benchmarks/peers/workloads.py``): 1 ms of CPU per
 batch + 50 us per row on a 64-float input, served by each system with its own batching; each
@@ -27,15 +28,11 @@ server, V2 REST), ``triton`` (PyTriton, V2 REST), ``rayserve`` and any other id 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import random
-import re
 import statistics
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,120 +51,6 @@ WORKLOAD = "spin"
 SAMPLES = 4096  # distinct inputs; LoadGen draws from them
 MAX_CONNECTIONS = 512
 DEFAULTS_ALLOWED = 0.001  # MLPerf's 99.9% tier: a default output is a wrong answer
-
-
-# --------------------------------------------------------------------------------------------
-# The system under test: an asyncio HTTP/1.1 client on a thread of its own
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Counts:
-    answered: int = 0
-    defaults: int = 0
-    errors: int = 0
-
-
-class Client:
-    """Sends LoadGen's samples as HTTP requests and tells LoadGen when each is answered."""
-
-    def __init__(self, host: str, port: int, requests: list[bytes], is_default: Any) -> None:
-        self.host, self.port = host, port
-        self.requests = requests
-        self.is_default = is_default
-        self.counts = Counts()
-        self.loop = asyncio.new_event_loop()
-        self.idle: list[loadgen.KeepAliveConnection] = []
-        self.sending: dict[loadgen.KeepAliveConnection, tuple[int, int]] = {}
-        self.opening = 0
-        self.open = 0
-        self.waiting: list[Any] = []
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    # LoadGen's thread
-    def issue(self, samples: list[Any]) -> None:
-        self.loop.call_soon_threadsafe(self._issue, [(s.id, s.index) for s in samples])
-
-    def flush(self) -> None:
-        """Nothing is batched on this side."""
-
-    def close(self) -> None:
-        def shut() -> None:
-            for conn in self.idle:
-                conn.close()
-            self.loop.stop()
-
-        self.loop.call_soon_threadsafe(shut)
-        self.thread.join(5)
-
-    # the client's loop
-    def _issue(self, samples: list[tuple[int, int]]) -> None:
-        for sample in samples:
-            if self.idle:
-                self._send(self.idle.pop(), sample)
-            else:
-                self.waiting.append(sample)
-                if self.open + self.opening < MAX_CONNECTIONS:
-                    self.opening += 1
-                    self.loop.create_task(self._connect())
-
-    async def _connect(self) -> None:
-        try:
-            _, conn = await self.loop.create_connection(
-                lambda: loadgen.KeepAliveConnection(b"", self.answered, self.lost),
-                self.host,
-                self.port,
-            )
-        except OSError:
-            self.opening -= 1
-            if self.waiting:
-                self._fail(self.waiting.pop(0))
-            return
-        self.opening -= 1
-        self.open += 1
-        self._ready(conn)
-
-    def _ready(self, conn: loadgen.KeepAliveConnection) -> None:
-        if self.waiting:
-            self._send(conn, self.waiting.pop(0))
-        else:
-            self.idle.append(conn)
-
-    def _send(self, conn: loadgen.KeepAliveConnection, sample: tuple[int, int]) -> None:
-        self.sending[conn] = sample
-        conn.request = self.requests[sample[1] % len(self.requests)]
-        conn.send(0)
-
-    def answered(
-        self, conn: loadgen.KeepAliveConnection, status: int, body: bytes, _start_ns: int
-    ) -> None:
-        sample = self.sending.pop(conn)
-        if status != 200:
-            self.counts.errors += 1
-        elif self.is_default(body):
-            self.counts.defaults += 1
-        self.counts.answered += 1
-        self._complete(sample)
-        if not conn.closed:
-            self._ready(conn)
-
-    def lost(self, conn: loadgen.KeepAliveConnection) -> None:
-        self.open -= 1
-        with contextlib.suppress(ValueError):
-            self.idle.remove(conn)
-        sample = self.sending.pop(conn, None)
-        if sample is not None:
-            self._fail(sample)
-
-    def _fail(self, sample: Any) -> None:
-        self.counts.errors += 1
-        self._complete(sample)
-
-    def _complete(self, sample: Any) -> None:
-        import mlperf_loadgen as lg
-
-        lg.QuerySamplesComplete([lg.QuerySampleResponse(sample[0], 0, 0)])
 
 
 def _http(host: str, port: int, req: NativeRequest) -> bytes:
@@ -207,56 +90,24 @@ def run_loadgen(
     host: str, port: int, requests: list[bytes], is_default: Any, qps: float, *,
     duration_s: float, slo_ms: float,
 ) -> Trial:  # fmt: skip
-    import mlperf_loadgen as lg
-
-    client = Client(host, port, requests, is_default)
-    settings = lg.TestSettings()
-    settings.scenario = lg.TestScenario.Server
-    settings.mode = lg.TestMode.PerformanceOnly
-    settings.server_target_qps = qps
-    settings.server_target_latency_ns = round(slo_ms * 1e6)
-    settings.server_target_latency_percentile = 0.99
-    settings.min_duration_ms = round(duration_s * 1e3)
-    settings.max_duration_ms = round(duration_s * 3e3)
-    settings.min_query_count = max(int(qps * duration_s * 0.9), 100)
-    sut = lg.ConstructSUT(client.issue, client.flush)
-    qsl = lg.ConstructQSL(len(requests), len(requests), lambda s: None, lambda s: None)
-    with tempfile.TemporaryDirectory(prefix="mlperf-") as out:
-        log = lg.LogOutputSettings()
-        log.outdir = out
-        log.copy_summary_to_stdout = False
-        log_settings = lg.LogSettings()
-        log_settings.log_output = log
-        try:
-            lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
-        finally:
-            lg.DestroyQSL(qsl)
-            lg.DestroySUT(sut)
-            client.close()
-        summary = (Path(out) / "mlperf_log_summary.txt").read_text()
-    loadgen_valid = "Result is : VALID" in summary
-    p99 = _field(summary, r"99\.00 percentile latency \(ns\)\s*:\s*(\d+)") / 1e6
-    completed = _field(summary, r"Completed samples per second\s*:\s*([\d.]+)")
-    c = client.counts
-    share = c.defaults / max(c.answered, 1)
+    """One LoadGen run (:func:`loadgen.poisson_run`), counted only when LoadGen says VALID,
+    with at most 0.1% defaults and no errors."""
+    run = loadgen.poisson_run(
+        (host, port), requests, qps, duration_s,
+        slo_ms=slo_ms, is_default=is_default, max_connections=MAX_CONNECTIONS,
+    )  # fmt: skip
     notes = []
-    if not loadgen_valid:
-        # Which of LoadGen's conditions failed (latency bound, duration, query count, early
-        # stopping: too few queries to bound the percentile).
-        unmet = re.findall(r"^\s*(.+?) satisfied\s*:\s*NO", summary, re.MULTILINE | re.IGNORECASE)
-        notes.append("LoadGen: INVALID" + (f" ({', '.join(unmet)} not met)" if unmet else ""))
-    if share > DEFAULTS_ALLOWED:
-        notes.append(f"defaults {share:.2%}")
-    if c.errors:
-        notes.append(f"{c.errors} errors")
+    if not run.loadgen_valid:
+        unmet = f" ({', '.join(run.unmet)} not met)" if run.unmet else ""
+        notes.append(f"LoadGen: INVALID{unmet}")
+    if run.default_share > DEFAULTS_ALLOWED:
+        notes.append(f"defaults {run.default_share:.2%}")
+    if run.errors:
+        notes.append(f"{run.errors} errors")
     return Trial(
-        qps, not notes, loadgen_valid, p99, completed, c.answered, c.defaults, c.errors, notes
-    )
-
-
-def _field(text: str, pattern: str) -> float:
-    m = re.search(pattern, text)
-    return float(m.group(1)) if m else float("nan")
+        qps, not notes, run.loadgen_valid, run.p99_ms, run.completed_qps, run.answered,
+        run.defaults, run.errors, notes,
+    )  # fmt: skip
 
 
 def highest_valid(
