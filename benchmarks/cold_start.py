@@ -4,21 +4,19 @@
 
 Each start is a fresh frontend (``serve.py --model spin --cpus 0``: 1 ms of CPU per batch +
 50 us per input, SLO 20 ms, cache off), loaded from the moment it says ``ready`` with Poisson
-arrivals at ``--rate`` from this process on CPU 1 (every query distinct, connections opened as
-the load needs them, as LoadGen's SUT does). It prints, per half second, the queries sent, the
-default outputs by their explanation, and the client p99; then the totals per start. With
-``--hog`` a busy loop shares CPU 0 with the frontend for the whole run. Loopback only; every
-process is stopped by PID.
+arrivals at ``--rate`` from this process on CPU 1 (every query distinct; MLPerf LoadGen's
+Server scenario, ``loadgen.poisson_run``). It prints, per half second, the answers and the
+default outputs among them by their explanation; then per start the totals and LoadGen's p99
+and verdict. With ``--hog`` a busy loop shares CPU 0 with the frontend for the whole run.
+Loopback only; every process is stopped by PID.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import contextlib
 import os
-import random
 import re
 import statistics
 import sys
@@ -28,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
@@ -36,15 +33,16 @@ from busy_machine import hog
 from report import HERE, Config, Run, free_port, server
 
 BUCKET_S = 0.5
-MAX_CONNECTIONS = 512
+SLO_MS = 20.0
 
 
-def _request(port: int, i: int) -> bytes:
-    body = orjson.dumps({"input": [i * 1e-6] + [0.5] * 63})  # distinct: no cache hits
-    return (
-        b"POST /bench/predict HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json"
-        b"\r\nContent-Length: %d\r\n\r\n%s" % (port, len(body), body)
-    )
+def _requests(port: int, n: int = 4096) -> list[bytes]:
+    """``n`` distinct predicts (no cache hit even with the cache on)."""
+    url = f"http://127.0.0.1:{port}/bench/predict"
+    return [
+        loadgen.build_request(url, orjson.dumps({"input": [i * 1e-6] + [0.5] * 63}))
+        for i in range(n)
+    ]
 
 
 def _why(body: bytes) -> str | None:
@@ -59,119 +57,43 @@ def _why(body: bytes) -> str | None:
     return re.sub(r"[\d.]+", "#", text)[:90]
 
 
-async def poisson(port: int, rate: float, duration_s: float, seed: int) -> list[Any]:
-    """Send at Poisson times; return (sent offset s, latency s, why) per answer."""
-    loop = asyncio.get_running_loop()
-    rows: list[Any] = []
-    idle: list[loadgen.KeepAliveConnection] = []
-    waiting: collections.deque[tuple[int, int]] = collections.deque()
-    state = {"open": 0, "outstanding": 0}
-    t0 = time.perf_counter_ns()
-    done = asyncio.Event()
-    scheduling = True
+def one_start(port: int, rate: float, duration_s: float) -> dict[str, Any]:
+    """One LoadGen run from the frontend's first second; the answers by half second."""
+    answers: list[tuple[float, str | None]] = []
+    t0 = time.perf_counter()
 
-    def answered(conn: loadgen.KeepAliveConnection, status: int, body: bytes, s: int) -> None:
-        now = time.perf_counter_ns()
-        why = _why(body) if status == 200 else f"HTTP {status}"
-        rows.append(((s - t0) / 1e9, (now - s) / 1e9, why))
-        state["outstanding"] -= 1
-        if waiting:
-            send(conn, *waiting.popleft())
-        elif not conn.closed:
-            idle.append(conn)
-        if not scheduling and state["outstanding"] == 0:
-            done.set()
+    def is_default(body: bytes) -> bool:  # called for each answer, as it comes
+        why = _why(body)
+        answers.append((time.perf_counter() - t0, why))
+        return why is not None
 
-    def lost(conn: loadgen.KeepAliveConnection) -> None:
-        state["open"] -= 1
-        if conn in idle:
-            idle.remove(conn)
-        if conn.busy:
-            state["outstanding"] -= 1
-            rows.append(((conn.start_ns - t0) / 1e9, 0.0, "connection lost"))
-
-    def send(conn: loadgen.KeepAliveConnection, i: int, sched: int) -> None:
-        conn.request = _request(port, i)
-        conn.send(sched)
-
-    async def connect() -> None:
-        try:
-            _, conn = await loop.create_connection(
-                lambda: loadgen.KeepAliveConnection(b"", answered, lost), "127.0.0.1", port
-            )
-        except OSError:
-            state["open"] -= 1
-            return
-        if waiting:
-            send(conn, *waiting.popleft())
-        else:
-            idle.append(conn)
-
-    tasks: set[asyncio.Task[None]] = set()
-
-    def issue(i: int, sched: int) -> None:
-        state["outstanding"] += 1
-        if idle:
-            send(idle.pop(), i, sched)
-            return
-        waiting.append((i, sched))
-        if state["open"] < MAX_CONNECTIONS:
-            state["open"] += 1
-            t = loop.create_task(connect())
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
-
-    rng = random.Random(seed)
-    total = int(rate * duration_s)
-    next_off = 0.0
-    i = 0
-    while i < total:
-        now = time.perf_counter_ns()
-        due = t0 + int(next_off)
-        if due > now:
-            await asyncio.sleep((due - now) / 1e9)
-            continue
-        while i < total and t0 + int(next_off) <= now:
-            issue(i, t0 + int(next_off))
-            i += 1
-            next_off += rng.expovariate(1.0) * 1e9 / rate
-        await asyncio.sleep(0)
-    scheduling = False
-    if state["outstanding"]:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(done.wait(), 5.0)
-    return rows
-
-
-def _p99_ms(lat: list[float]) -> float:
-    if not lat:
-        return float("nan")
-    lat = sorted(lat)
-    return lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3
-
-
-def report(rows: list[Any]) -> dict[str, Any]:
-    buckets: dict[int, list[Any]] = collections.defaultdict(list)
-    for r in rows:
-        buckets[int(r[0] / BUCKET_S)].append(r)
+    got = loadgen.poisson_run(
+        ("127.0.0.1", port), _requests(port), rate, duration_s, slo_ms=SLO_MS,
+        is_default=is_default,
+    )  # fmt: skip
+    buckets: dict[int, list[str | None]] = collections.defaultdict(list)
+    for at, why in answers:
+        buckets[int(at / BUCKET_S)].append(why)
     for b in sorted(buckets):
-        got = buckets[b]
-        why = collections.Counter(r[2] for r in got if r[2] is not None)
+        whys = collections.Counter(w for w in buckets[b] if w is not None)
         print(
-            f"  {b * BUCKET_S:4.1f}s sent {len(got):5d} defaults {sum(why.values()):4d} "
-            f"p99 {_p99_ms([r[1] for r in got]):6.1f} ms  {dict(why.most_common(3))}"
+            f"  {b * BUCKET_S:4.1f}s answered {len(buckets[b]):5d} defaults "
+            f"{sum(whys.values()):4d}  {dict(whys.most_common(3))}"
         )
-    why = collections.Counter(r[2] for r in rows if r[2] is not None)
+    whys = collections.Counter(w for _, w in answers if w is not None)
     out = {
-        "sent": len(rows),
-        "defaults": sum(why.values()),
-        "p99_ms": _p99_ms([r[1] for r in rows]),
-        "first_s_defaults": sum(1 for r in rows if r[2] is not None and r[0] < 1.0),
-        "why": dict(why),
+        "answered": got.answered,
+        "defaults": got.counts.defaults,
+        "errors": got.counts.errors,
+        "p99_ms": got.p99_ms,
+        "loadgen_valid": got.loadgen_valid,
+        "first_s_defaults": sum(1 for at, w in answers if w is not None and at < 1.0),
+        "why": dict(whys),
     }
     print(
-        f"  total sent {out['sent']} defaults {out['defaults']} "
-        f"({out['defaults'] / max(out['sent'], 1):.2%}) p99 {out['p99_ms']:.1f} ms"
+        f"  answered {out['answered']} defaults {out['defaults']} "
+        f"({out['defaults'] / max(out['answered'], 1):.2%}) LoadGen p99 {got.p99_ms:.1f} ms "
+        f"{'VALID' if got.loadgen_valid else 'INVALID ' + ', '.join(got.unmet)}"
     )
     return out
 
@@ -196,14 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--model", "spin", "--slo-ms", "20", "--cpus", "0", *args.extra.split(),
         ]  # fmt: skip
         with server(f"start{s}", cmd, qp, run):
-            if args.hog:
-                with hog(0):
-                    rows = uvloop.run(poisson(qp, args.rate, args.duration, seed=s))
-            else:
-                rows = uvloop.run(poisson(qp, args.rate, args.duration, seed=s))
-        print(f"start {s}: {args.rate:.0f}/s for {args.duration:g} s")
-        results.append(report(rows))
-    shares = [r["defaults"] / max(r["sent"], 1) for r in results]
+            print(f"start {s}: {args.rate:.0f}/s for {args.duration:g} s")
+            with hog(0) if args.hog else contextlib.nullcontext():
+                results.append(one_start(qp, args.rate, args.duration))
+    shares = [r["defaults"] / max(r["answered"], 1) for r in results]
     med = statistics.median(shares)
     print(f"defaults per start: {[f'{x:.2%}' for x in shares]}, median {med:.2%}")
     (out_dir / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
