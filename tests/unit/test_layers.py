@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "store",
         "metrics_window",
         "version",
+        "untrusted",
     ),
     # The RPC wire and its auth; pipeline descriptions (data only).
     ("rpc", "pipeline"),
