@@ -82,11 +82,10 @@ def to_document(state: dict[str, Any]) -> dict[str, Any]:
 def _no_aliases_dumper() -> Any:
     import yaml
 
-    class NoAliases(yaml.SafeDumper):
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
+    def ignore_aliases(self: Any, data: Any) -> bool:
+        return True
 
-    return NoAliases
+    return type("NoAliases", (yaml.SafeDumper,), {"ignore_aliases": ignore_aliases})
 
 
 def dump(document: dict[str, Any], fmt: str) -> str:
