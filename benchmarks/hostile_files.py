@@ -6,8 +6,9 @@ figures for docs/security.md ("Declarative files and logs").
 
 Writes the attack files to a temporary directory (a billion-laughs YAML, aliases 9 levels
 deep; ``applications: &x [*x]``; a 50,000-deep flow list as YAML and as JSON; two million
-values in a 4 MB list, as YAML and as JSON; a 100 MB file of valid YAML) and a baseline (a one-line syntax error), then runs the real CLI on each as a
-subprocess: ``python -m clipper apply -f FILE --admin-url <a closed port>`` (the file is judged
+values in a 4 MB list, as YAML and as JSON; a 100 MB file of valid YAML) and a baseline (a
+one-line syntax error), then runs the real CLI on each as a subprocess:
+``python -m clipper apply -f FILE --admin-url <a closed port>`` (the file is judged
 before any server is asked). Reports, per file: the wall time from spawn to exit (Python's
 start and imports included: the baseline shows that part), the peak RSS of the CLI process
 (``RUSAGE_CHILDREN`` of a wrapper whose only child it is), the exit status and the one line it
