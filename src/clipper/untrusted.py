@@ -105,8 +105,11 @@ class Parsed:
     duplicates: list[str] = field(default_factory=list)
 
 
-class _Refused(Exception):
+class _Refused(ConfigError):
+    """A refusal with its place in the file (turned into one line by the caller)."""
+
     def __init__(self, mark: Any, message: str) -> None:
+        super().__init__(message)
         self.mark = mark
         self.message = message
 
