@@ -13,6 +13,8 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │   ├── NotFoundError      unknown application or route (404)
     │   ├── PayloadTooLarge    body over the configured limit (413)
     │   ├── QueryRejected      overload answered with 503, not a default [query.prediction]
+    │   ├── ParseBusy          every place for large bodies in parse taken (503)
+    │   │                      [frontend.parse_pool]
     │   ├── QueryProcessingError  a query the query path refuses (400) [query.prediction]
     │   ├── Misconfigured      a policy its links cannot serve (503) [query.selection]
     │   ├── NoPrediction       feedback for an input no model answered (503) [query.selection]

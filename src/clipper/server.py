@@ -36,6 +36,7 @@ from clipper.dashboard import Dashboard
 from clipper.errors import ClipperError, RegistryError, ReplicaError
 from clipper.frontend.admin import AdminApi
 from clipper.frontend.http import HttpLimits, HttpServer
+from clipper.frontend.parse_pool import ParsePool
 from clipper.frontend.routes import AdminRoutes, QueryRoutes
 from clipper.inputs import InputType
 from clipper.managers.base import ContainerManager, ManagerContext, open_manager
@@ -211,8 +212,10 @@ class Clipper:
             queue_capacity=config.queue_capacity,
             max_items=config.max_items_per_request,
         )
+        # Large bodies are counted in these threads, off the event loop.
+        self.parse_pool = ParsePool()
         self.http = HttpServer(
-            QueryRoutes(self.services), host=config.host, port=config.query_port,
+            QueryRoutes(self.services, self.parse_pool), host=config.host, port=config.query_port,
             max_body_bytes=config.max_body_bytes,
             limits=HttpLimits.query_port(config), clock=self.clock,
             on_turn=self.loop_lag.turn,  # the socket wait the latency histogram adds
@@ -307,6 +310,8 @@ class Clipper:
             stack.callback(self.loop_lag.stop)
             self.metrics_window.start()
             stack.callback(self.metrics_window.stop)
+            self.parse_pool.start()  # stopped after the query port (a drain counts on it)
+            stack.push_async_callback(self.parse_pool.stop)
             with binding("query_port", self.config.query_port):
                 await self.http.start()
             stack.push_async_callback(self.http.stop)

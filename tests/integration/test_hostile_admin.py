@@ -228,3 +228,35 @@ async def test_a_million_item_batch_is_refused_before_its_parse() -> None:
         resp = await request(c.query_url + "/v2/models/big/infer", "POST", v2, limit_s=LIMIT_S)
         assert resp.status == 413, resp.body[:200]
         assert "1000000" in resp.json()["error"]
+
+
+async def test_a_large_body_counted_off_the_loop_keeps_its_place_and_may_be_abandoned() -> None:
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0) as c:
+        await c.register_application("big", "doubles", "-1.0", 100_000, cache=False)
+        big = orjson.dumps({"input_batch": [[0.5]] * 1_000_000})
+        assert len(big) > 2**20  # over OFFLOAD_BYTES: counted in the parse pool
+        head = b"POST /big/predict HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+        health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        # Pipelined: the large body's 413 comes first, then the health check behind it.
+        reader, writer = await _open(c.http.port)
+        writer.write(head % len(big) + big + health)
+        first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), LIMIT_S)
+        assert first.startswith(b"HTTP/1.1 413"), first
+        length = int(first.lower().split(b"content-length: ")[1].split(b"\r")[0])
+        await asyncio.wait_for(reader.readexactly(length), LIMIT_S)
+        second = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), LIMIT_S)
+        assert second.startswith(b"HTTP/1.1 200"), second
+        writer.close()
+        # A client that leaves while its body is counted: nothing is owed to it, and the
+        # pool's place comes back.
+        for _ in range(3):
+            _r, w = await _open(c.http.port)
+            w.write(head % len(big) + big)
+            await w.drain()
+            w.close()
+        await wait_for(lambda: c.parse_pool.in_flight == 0 and c.http.owed() == 0, limit_s=LIMIT_S)
+        # An accepted large body is parsed and predicted (a one-input body over 1 MiB).
+        one = orjson.dumps({"input": [0.25] * 300_000})
+        assert len(one) > 2**20
+        resp = await request(c.query_url + "/big/predict", "POST", one, limit_s=LIMIT_S)
+        assert resp.status == 200, resp.body[:200]

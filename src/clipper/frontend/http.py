@@ -61,6 +61,7 @@ __all__ = [
     "Stream",
     "StreamingRespond",
     "is_health_path",
+    "is_owed",
     "watch_client",
 ]
 
@@ -312,6 +313,17 @@ def watch_client(respond: Respond, watcher: ClientWatcher) -> None:
         respond.watcher = watcher
     elif type(respond) is _StreamingResponder:
         respond._slot.watcher = watcher
+
+
+def is_owed(respond: Respond) -> bool:
+    """Whether the request that ``respond`` answers is still owed an answer: False once it was
+    answered (a drain's 503) or its connection closed. A route that resumes a request later
+    (its body parsed off the loop) checks this first. Other kinds of ``respond``: True."""
+    if type(respond) is _StreamingResponder:
+        respond = respond._slot
+    if type(respond) is _Slot:
+        return respond.data is None and not respond.conn._closed
+    return True
 
 
 class _Connection(asyncio.Protocol):

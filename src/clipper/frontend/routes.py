@@ -24,10 +24,12 @@ from clipper.frontend.http import (
     Refusal,
     Respond,
     error_body,
+    is_owed,
     json_response,
     watch_client,
 )
 from clipper.frontend.model_failure import model_failure
+from clipper.frontend.parse_pool import OFFLOAD_BYTES, ParsePool
 from clipper.query.prediction import CancellableReply, Prediction, answer_failed
 from clipper.query.runtime import QueryServices
 from clipper.registry import Application
@@ -135,11 +137,14 @@ class RestReply(CancellableReply):
 class QueryRoutes:
     """Port 1337."""
 
-    def __init__(self, svc: QueryServices) -> None:
+    def __init__(self, svc: QueryServices, pool: ParsePool | None = None) -> None:
         self.svc = svc
+        # Bodies over OFFLOAD_BYTES are counted there, off the loop (None: on the loop).
+        self.pool = pool
         # Bound once: the hot path.
         self._predict = svc.processor.predict
-        self._parse = PredictParser(svc.max_items).parse
+        self._parser = PredictParser(svc.max_items)
+        self._parse = self._parser.parse
         self._now = svc.clock.now
         self._apps = svc.catalog.registry.apps
 
@@ -164,6 +169,9 @@ class QueryRoutes:
                 if application is None:
                     # Not the list of the others: callers on the query port need not learn them.
                     raise NotFoundError(f"no application named '{app}'")
+                if len(body) > OFFLOAD_BYTES and self.pool is not None:
+                    self._predict_large(application, body, respond, t0)
+                    return
                 payloads, version, uid = self._parse(application, body)
                 reply = RestReply(respond, self._apps, app)
                 watch_client(respond, reply)
@@ -213,12 +221,43 @@ class QueryRoutes:
                     self._app_ready(respond, app, params.get("version"))
                     return
         if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol (V2)
-            v2.handle(self.svc, method, path, headers, body, respond, t0=t0)
+            v2.handle(self.svc, method, path, headers, body, respond, t0=t0, pool=self.pool)
             return
         raise NotFoundError(
             f"no route for {method.decode()} {path}; expected POST /<app>/predict, "
             "POST /<app>/update, GET /<app>/ready, GET /metrics, GET /health or GET /ready"
         )
+
+    def _predict_large(
+        self, application: Application, body: bytes, respond: Respond, t0: float
+    ) -> None:
+        """Count the body's items in the parse pool; the parse and the query resume on the loop
+        once the count is under the cap, unless the request is no longer owed (its client left,
+        or a drain answered it). Its place in the connection's answer order is kept meanwhile,
+        and a drain counts it as owed."""
+        assert self.pool is not None
+        parser = self._parser
+
+        def counted(_: None, err: BaseException | None) -> None:
+            if not is_owed(respond):
+                return
+            reply = RestReply(respond, self._apps, application.name)
+            if err is None:
+                try:
+                    payloads, version, uid = parser.parse(application, body, counted=True)
+                except Exception as e:  # answered below, never left owed
+                    err = e
+            if err is not None:
+                reply.fail(
+                    err
+                    if isinstance(err, RequestError)
+                    else answer_failed("parsing a large Clipper REST body", err)
+                )
+                return
+            watch_client(respond, reply)
+            self._predict(application, payloads, version, uid, reply, t0)
+
+        self.pool.submit(lambda: parser.count(application, body), counted)
 
     def _app_ready(self, respond: Respond, name: str, version: str | None) -> None:
         """One application's readiness: 200 when it can answer with a prediction, else 503,

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from clipper.errors import BadInputError, NotFoundError, RequestError
+from clipper.frontend import item_scan
 from clipper.frontend.fast_input import PRECHECK_BYTES, ItemCounter
-from clipper.frontend.http import JSON, Respond, watch_client
+from clipper.frontend.http import JSON, Respond, is_owed, watch_client
 from clipper.frontend.model_failure import model_failure
+from clipper.frontend.parse_pool import OFFLOAD_BYTES, ParsePool
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
     InferRequest,
@@ -86,12 +88,14 @@ def handle(  # noqa: PLR0917 (the router's signature)
     respond: Respond,
     *,
     t0: float | None = None,
+    pool: ParsePool | None = None,
 ) -> None:
     """Serve one request whose path is ``/v2`` or starts with ``/v2/``; answers every error
     itself as ``{"error": ...}`` (it never raises :class:`RequestError`). ``t0``: when the
-    request's first byte was read (default: now); an infer's deadline counts from it."""
+    request's first byte was read (default: now); an infer's deadline counts from it.
+    ``pool``: where an infer body over :data:`OFFLOAD_BYTES` has its rows counted."""
     try:
-        _route(svc, method, path, headers, body, respond, t0)
+        _route(svc, method, path, headers, body, respond, t0, pool)
     except RequestError as err:
         error_response(respond, err)
     except Exception as e:  # the V2 error form, not the HTTP layer's text
@@ -106,6 +110,7 @@ def _route(  # noqa: PLR0917
     body: bytes,
     respond: Respond,
     t0: float | None = None,
+    pool: ParsePool | None = None,
 ) -> None:
     parts = [p for p in path.split("/") if p][1:]  # drop the leading "v2"
     if method == b"GET":
@@ -144,6 +149,9 @@ def _route(  # noqa: PLR0917
             return
         if method == b"POST" and rest == ["infer"]:
             app = find_app(svc.catalog.registry, name)
+            if pool is not None and len(body) > OFFLOAD_BYTES:
+                _infer_large(pool, svc, app, version, headers, body, respond, t0)
+                return
             _infer(svc, app, version, headers, body, respond, t0)
             return
     raise NotFoundError(
@@ -229,22 +237,40 @@ def model_config(svc: QueryServices, app: Application, version: str | None) -> d
 
 
 # -- infer -------------------------------------------------------------------------------------
+def _split(headers: dict[bytes, bytes], body: bytes) -> tuple[bytes, bytes]:
+    """The JSON header and the binary data after it."""
+    header_len = headers.get(b"inference-header-content-length")
+    if header_len is None:
+        return body, b""
+    if not header_len.isdigit() or int(header_len) > len(body):
+        raise BadInputError(
+            "Inference-Header-Content-Length must be the length of the JSON header, "
+            f"at most the body's {len(body)} bytes"
+        )
+    return body[: int(header_len)], body[int(header_len) :]
+
+
+def count_rows(headers: dict[bytes, bytes], body: bytes, max_items: int) -> None:
+    """The batch dimension of an infer body's tensors judged without the GIL (safe in any
+    thread): 413 over ``max_items``, 400 when the JSON's brackets do not balance."""
+    body, _binary = _split(headers, body)
+    try:
+        rows = item_scan.v2_rows(body)
+    except ValueError as e:
+        raise BadInputError(f"malformed JSON in the infer request: {e}") from None
+    if rows is not None and rows[1] > max_items:
+        raise too_many_rows(rows[0], rows[1], max_items)
+
+
 def parse_infer(
     headers: dict[bytes, bytes], body: bytes, max_items: int | None = None
 ) -> InferRequest:
     """The REST infer request (a JSON header, then binary tensor data when the header
     ``Inference-Header-Content-Length`` says where the JSON ends) as an :class:`InferRequest`.
     With ``max_items``, a JSON header over :data:`PRECHECK_BYTES` whose batch dimension
-    exceeds it is refused (413) before it is parsed into Python objects."""
-    binary = b""
-    header_len = headers.get(b"inference-header-content-length")
-    if header_len is not None:
-        if not header_len.isdigit() or int(header_len) > len(body):
-            raise BadInputError(
-                "Inference-Header-Content-Length must be the length of the JSON header, "
-                f"at most the body's {len(body)} bytes"
-            )
-        body, binary = body[: int(header_len)], body[int(header_len) :]
+    exceeds it is refused (413) before it is parsed into Python objects (None: not checked
+    here, or counted already by :func:`count_rows`)."""
+    body, binary = _split(headers, body)
     if max_items is not None and len(body) > PRECHECK_BYTES:
         try:
             rows = _COUNTER.v2_rows(body)
@@ -345,6 +371,45 @@ def _infer(  # noqa: PLR0917
     watch_client(respond, reply)  # a client that leaves first abandons the query
     arrived = svc.clock.now() if t0 is None else t0
     svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s)
+
+
+def _infer_large(  # noqa: PLR0917
+    pool: ParsePool,
+    svc: QueryServices,
+    app: Application,
+    version: str | None,
+    headers: dict[bytes, bytes],
+    body: bytes,
+    respond: Respond,
+    t0: float | None,
+) -> None:
+    """:func:`_infer` with the rows counted in the parse pool first (see
+    :meth:`~clipper.frontend.routes.QueryRoutes._predict_large`)."""
+    arrived = svc.clock.now() if t0 is None else t0
+
+    def counted(_: None, err: BaseException | None) -> None:
+        if not is_owed(respond):
+            return
+        if err is None:
+            try:
+                request = parse_infer(headers, body)
+                payloads = input_payloads(app, request.inputs, svc.max_items)
+                model_version = resolve_version(svc.catalog.registry, app, version)
+            except Exception as e:  # answered below, never left owed
+                err = e
+        if err is not None:
+            error_response(
+                respond,
+                err
+                if isinstance(err, RequestError)
+                else answer_failed("parsing a large V2 infer body", err),
+            )
+            return
+        reply = _V2Reply(respond, app, model_version, request)
+        watch_client(respond, reply)
+        svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s)
+
+    pool.submit(lambda: count_rows(headers, body, svc.max_items), counted)
 
 
 class _V2Reply(CancellableReply):
