@@ -492,9 +492,13 @@ async def test_sqlite_upgrades_a_schema_1_file_keeping_its_states(tmp_path: Path
             " value TEXT NOT NULL, PRIMARY KEY (kind, key))"
         )
         conn.execute("INSERT INTO clipper_store VALUES ('meta', 'schema_version', '1')")
-        conn.execute("INSERT INTO clipper_store VALUES ('app', 'a', ?)", (orjson.dumps(APP).decode(),))
+        conn.execute(
+            "INSERT INTO clipper_store VALUES ('app', 'a', ?)", (orjson.dumps(APP).decode(),)
+        )
         for uid in ("old0", "old1", "old2"):
-            conn.execute("INSERT INTO clipper_store VALUES ('state', ?, '{\"n\":1}')", (f"a:{uid}",))
+            conn.execute(
+                "INSERT INTO clipper_store VALUES ('state', ?, '{\"n\":1}')", (f"a:{uid}",)
+            )
     finally:
         conn.close()
     store = SqliteStore(path)

@@ -29,12 +29,12 @@ from clipper.errors import ClipperError, ConfigError
 __all__ = [
     "CONFIG_KINDS",
     "KINDS",
+    "STATE_PAGE",
     "Delete",
     "DeletePrefix",
     "Kind",
     "Op",
     "Put",
-    "STATE_PAGE",
     "Snapshot",
     "Store",
     "StoreError",

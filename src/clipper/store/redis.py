@@ -302,7 +302,8 @@ class RedisStore:
                 cursor, fields = await client.hscan(
                     self._hash("state"), cursor, match=match, count=batch
                 )
-            uids = [key[len(prefix) :] for key in fields if key != prefix]
+            # decode_responses: the fields are str; the shared state is not a user's.
+            uids = [str(key)[len(prefix) :] for key in fields if str(key) != prefix]
             # A small hash answers whole whatever the count: cut it to pages.
             for start in range(0, len(uids), batch):
                 yield uids[start : start + batch]

@@ -32,12 +32,12 @@ from typing import Any, Final, TypeVar
 
 from clipper.store.base import (
     CONFIG_KINDS,
+    STATE_PAGE,
     Delete,
     DeletePrefix,
     Kind,
     Op,
     Put,
-    STATE_PAGE,
     Resync,
     Snapshot,
     StoreError,
