@@ -19,6 +19,7 @@ from clipper.commands import add_commands, run_command
 from clipper.config import SAME, FrontendConfig
 from clipper.errors import ClipperError
 from clipper.kube.render import add_render_command, render_command
+from clipper.logs import PROTOCOL_LOG
 
 __all__ = ["add_config_options", "config_from_args", "main"]
 
@@ -271,15 +272,19 @@ def _start(args: argparse.Namespace) -> int:
 async def _serve(config: FrontendConfig, demo: bool) -> None:
     from clipper.server import Clipper
 
-    async with Clipper(config) as clipper:
-        if demo:
-            from clipper.demo import deploy_demo
+    try:
+        async with Clipper(config) as clipper:
+            if demo:
+                from clipper.demo import deploy_demo
 
-            for line in await deploy_demo(clipper):
-                print(line, flush=True)
-        clipper.freeze_heap()
-        print(f"clipper-serve ready: query API at {clipper.query_url}", flush=True)
-        await clipper.serve_forever()
+                for line in await deploy_demo(clipper):
+                    print(line, flush=True)
+            clipper.freeze_heap()
+            print(f"clipper-serve ready: query API at {clipper.query_url}", flush=True)
+            await clipper.serve_forever()
+    finally:
+        # The protocol-error lines counted since their kind was last written: "... and N more".
+        PROTOCOL_LOG.flush()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import orjson
 from clipper.client import Client
 from clipper.errors import ConfigError
 from clipper.tables import autoscale_rows, table
+from clipper.untrusted import MAX_FILE_BYTES
 
 __all__ = ["OPERATOR_COMMANDS", "add_operator_commands", "run_operator_command"]
 
@@ -27,6 +28,16 @@ OPERATOR_COMMANDS = frozenset({"apply", "export", "logs", "status", "stop"})
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 _FOLLOW_POLL_S = 0.5
 _STOP_POLL_S = 0.1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of bytes above 0, got {text!r}")
+    return n
 
 
 def add_operator_commands(
@@ -41,6 +52,10 @@ def add_operator_commands(
     )
     a.add_argument("-f", "--file", required=True, type=Path, help="the desired-state file")
     a.add_argument("--dry-run", action="store_true", help="show the changes, make none")
+    a.add_argument(
+        "--max-file-bytes", type=_positive_int, default=MAX_FILE_BYTES, metavar="BYTES",
+        help=f"refuse a larger file without reading it (default: {MAX_FILE_BYTES:,})",
+    )  # fmt: skip
     a.add_argument(
         "--prune",
         action="store_true",
@@ -105,7 +120,8 @@ def _apply(client: Client, args: argparse.Namespace) -> int:
     from clipper.declarative.plan import make_plan
     from clipper.declarative.spec import read_desired_state
 
-    desired = read_desired_state(args.file)  # DocumentError: nothing was asked of the server
+    # DocumentError: nothing was asked of the server.
+    desired = read_desired_state(args.file, max_bytes=args.max_file_bytes)
     plan = make_plan(desired, client.admin("export_state", {}), prune=args.prune)
     if args.json:
         doc: dict[str, Any] = {

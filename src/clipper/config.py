@@ -192,6 +192,16 @@ class FrontendConfig:
         default=20.0,
         metadata=cli("seconds a stop waits for the requests in flight before answering them 503"),
     )
+    # Between readiness withdrawn and the listening sockets closed: load balancers and
+    # Kubernetes endpoints notice a not-ready backend only at their next probe or watch event,
+    # and go on sending new connections until then; refused, those are errors.
+    drain_delay_s: float = field(
+        default=0.0,
+        metadata=cli(
+            "seconds a stop keeps accepting connections after withdrawing readiness (let load "
+            "balancers take this frontend out first)"
+        ),
+    )
     cache_bytes: int = field(
         default=32 * 2**20, metadata=cli("prediction cache size; 0 disables storing")
     )
@@ -333,6 +343,8 @@ class FrontendConfig:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if not self.drain_timeout_s >= 0:
             raise ConfigError(f"drain_timeout_s must be >= 0 seconds, got {self.drain_timeout_s}")
+        if not self.drain_delay_s >= 0:
+            raise ConfigError(f"drain_delay_s must be >= 0 seconds, got {self.drain_delay_s}")
         if self.dashboard_sample_s < 0 or self.dashboard_max_clients < 1:
             raise ConfigError("dashboard_sample_s must be >= 0 and dashboard_max_clients >= 1")
         if self.dashboard_sample_s and self.dashboard_history_s < 2 * self.dashboard_sample_s:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import PredictionCache
 from clipper.choices import OnModelError, Overload
-from clipper.clock import Clock, MonotonicClock, sleep
+from clipper.clock import Clock, MonotonicClock, sleep, wait_event
 from clipper.config import BatchingConfig, FrontendConfig
 from clipper.dashboard import Dashboard
 from clipper.errors import ClipperError, RegistryError, ReplicaError
@@ -369,11 +369,26 @@ class Clipper:
         timeout = self.config.drain_timeout_s
         self.catalog.withdraw(
             "draining: the frontend is stopping; it answers the requests it holds (for up to "
-            f"{timeout:g} s, drain_timeout_s) and accepts no new connection"
+            f"{timeout:g} s, drain_timeout_s) and "
+            + (
+                f"accepts new connections for {self.config.drain_delay_s:g} s more only"
+                if self.config.drain_delay_s > 0
+                else "accepts no new connection"
+            )
         )
         ports: list[HttpServer | V2GrpcServer | NativeGrpcServer] = [self.http]
         if self.grpc is not None:
             ports.append(self.grpc)
+        cut = self._drain_cut
+        delay = self.config.drain_delay_s
+        if delay > 0 and not (cut is not None and cut.is_set()):
+            # Not ready, still serving: new connections are accepted and answered until the
+            # balancers in front have seen the readiness go (a second signal ends this too).
+            log.info("draining: not ready; accepting connections for %g s more", delay)
+            if cut is not None:
+                await wait_event(self.clock, cut, delay)
+            else:
+                await sleep(self.clock, delay)
         for port in ports:
             port.begin_drain()
         owed = sum(p.owed() for p in ports)
@@ -382,7 +397,6 @@ class Clipper:
         log.info("draining: %d requests in flight; waiting up to %g s for them", owed, timeout)
         t0 = self.clock.now()
         deadline = t0 + timeout
-        cut = self._drain_cut
         while owed and self.clock.now() < deadline and not (cut is not None and cut.is_set()):
             await sleep(self.clock, _DRAIN_POLL_S)
             owed = sum(p.owed() for p in ports)

@@ -43,12 +43,17 @@ BATCH = 2
 class DrainingFrontend(FrontendProcess):
     """A ``clipper start`` with its drain timeout set."""
 
-    def __init__(self, state_dir: Path, drain_timeout_s: float) -> None:
+    def __init__(self, state_dir: Path, drain_timeout_s: float, drain_delay_s: float = 0.0) -> None:
         super().__init__(state_dir)
         self.drain_timeout_s = drain_timeout_s
+        self.drain_delay_s = drain_delay_s
 
     def command(self) -> list[str]:
-        return [*super().command(), "--drain-timeout-s", str(self.drain_timeout_s)]
+        return [
+            *super().command(),
+            "--drain-timeout-s", str(self.drain_timeout_s),
+            "--drain-delay-s", str(self.drain_delay_s),
+        ]  # fmt: skip
 
     @property
     def query_url(self) -> str:
@@ -257,3 +262,26 @@ async def test_clipper_stop_answers_a_grpc_call_in_flight(transport: str) -> Non
         assert list(await call) == [3.0, 7.0]
         port = int(url.rsplit(":", 1)[1])
     assert await _refused(port)
+
+
+async def test_with_a_drain_delay_new_connections_are_served_while_not_ready(
+    tmp_path: Path, frontends: list[DrainingFrontend]
+) -> None:
+    """--drain-delay-s: after SIGTERM readiness is withdrawn at once, but a new connection (a
+    balancer that has not probed yet) still gets its prediction; then the port closes."""
+    fe = DrainingFrontend(tmp_path / "state", drain_timeout_s=10.0, drain_delay_s=3.0)
+    frontends.append(fe)
+    await fe.start()
+    await _serve_slow_model(fe, tmp_path, BATCH)
+    fe.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+
+    async def not_ready() -> bool:
+        return (await request(f"{fe.query_url}/ready", limit_s=5)).status == 503
+
+    await wait_for(not_ready, limit_s=10, interval=0.01, what="readiness to be withdrawn")
+    resp = await predict(fe.query_url, APP, {"input": [7.0, 1.0]}, limit_s=10)  # new connection
+    assert resp.status == 200 and resp.json()["output"] == 8.0, resp.body
+    await wait_for(lambda: _refused(fe.ports.query), limit_s=10, interval=0.01,
+                   what="the query port to close after the delay")  # fmt: skip
+    assert await _exit_code(fe, limit_s=20) == 0, fe.log_tail()
+    assert "accepting connections for 3 s more" in fe.log_tail(20_000)

@@ -245,3 +245,40 @@ def test_the_example_in_the_docs_is_a_valid_file(tmp_path: Path) -> None:
     path.write_text(example)
     plan = make_plan(read_desired_state(path), _empty_state())
     assert plan.counts() == {"create": 8, "change": 0, "delete": 0}, plan.render()
+
+
+def test_an_export_never_writes_aliases_that_apply_refuses(tmp_path: Path) -> None:
+    from clipper.declarative.export import dump
+
+    shared = {"min": 1, "max": 3}  # one object in two places: safe_dump would anchor it
+    doc = {"applications": [], "models": [{"name": "a", "autoscale": shared},
+                                          {"name": "b", "autoscale": shared}]}  # fmt: skip
+    text = dump(doc, "yaml")
+    assert "&" not in text and "*" not in text
+    path = tmp_path / "exported.yaml"
+    path.write_text(text)
+    from clipper.declarative.document import load_document
+
+    assert load_document(path)[0] == doc
+
+
+def test_hostile_files_are_one_line_refusals_naming_the_place(tmp_path: Path) -> None:
+    laughs = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    laughs += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    cases = {
+        "laughs.yaml": ("\n".join(laughs) + "\n", ":1:5: a YAML anchor (&a0) is not accepted"),
+        "self.yaml": ("applications: &x [*x]\n", ":1:15: a YAML anchor (&x) is not accepted"),
+        "deep.yaml": ("applications: " + "[" * 50_000 + "]" * 50_000 + "\n", ":1:78: nested"),
+        "deep.json": ('{"applications": ' + "[" * 50_000 + "]" * 50_000 + "}", ":1:81: nested"),
+    }
+    for name, (text, expected) in cases.items():
+        (problem,) = _problems(_write(tmp_path, text, name))
+        assert problem.startswith(f"{tmp_path / name}{expected}"), problem
+    big = tmp_path / "big.yaml"
+    big.write_text(GOOD)
+    with pytest.raises(DocumentError) as e:
+        read_desired_state(big, max_bytes=100)
+    assert e.value.problems == [
+        f"{big}: {len(GOOD):,} bytes is over the limit of 100 (--max-file-bytes): expected a "
+        "small text file; nothing of it was read"
+    ]

@@ -8,6 +8,7 @@ The same with real processes and a slow model: tests/integration/test_drain.py.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, cast
 
 import orjson
@@ -272,3 +273,29 @@ async def test_nothing_owed_is_no_wait(drained: Any) -> None:
     c, _clock, _port, events = drained
     await c._drain()  # returns without the fake clock moving
     assert events == ["begin_drain"]
+
+
+async def test_the_drain_delay_keeps_accepting_while_not_ready(drained: Any) -> None:
+    """drain_delay_s: readiness goes at once, the listener only after the delay (balancers
+    notice the readiness first), then the drain as usual."""
+    c, clock, _port, events = drained
+    c.config = replace(c.config, drain_delay_s=2.0)
+    task = asyncio.create_task(c._drain())
+    await _run(clock, 1.9, task)
+    assert not c.catalog.ready() and c.catalog.reasons()[0].startswith("draining:")
+    assert events == []  # still accepting
+    await _run(clock, 0.2, task)
+    assert task.done() and events == ["begin_drain"]
+    await task
+
+
+async def test_a_second_signal_cuts_the_drain_delay(drained: Any) -> None:
+    c, clock, _port, events = drained
+    c.config = replace(c.config, drain_delay_s=30.0)
+    task = asyncio.create_task(c._drain())
+    await _run(clock, 0.5, task)
+    assert events == []
+    c._drain_cut.set()
+    await _run(clock, 0.05, task)
+    assert task.done() and events == ["begin_drain"]
+    await task

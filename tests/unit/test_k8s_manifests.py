@@ -101,11 +101,15 @@ def test_a_stopping_frontend_pod_has_the_time_to_drain(keys: dict[str, str]) -> 
     from clipper.config import FrontendConfig
 
     objs = by_kind(frontend_objects(KubeSettings(), keys))
-    drain = float(objs[("ConfigMap", "clipper-config")]["data"]["CLIPPER_DRAIN_TIMEOUT_S"])
+    data = objs[("ConfigMap", "clipper-config")]["data"]
+    drain = float(data["CLIPPER_DRAIN_TIMEOUT_S"])
     assert drain == FrontendConfig().drain_timeout_s
+    # Not ready but still accepting while the Service's endpoints drop the pod.
+    delay = float(data["CLIPPER_DRAIN_DELAY_S"])
+    assert delay >= 5
     pod = objs[("StatefulSet", "clipper-frontend")]["spec"]["template"]["spec"]
-    # The drain, then the replicas' stop, before Kubernetes' SIGKILL.
-    assert pod["terminationGracePeriodSeconds"] >= drain + 5
+    # The delay, the drain, then the replicas' stop, before Kubernetes' SIGKILL.
+    assert pod["terminationGracePeriodSeconds"] >= delay + drain + 5
 
 
 def test_frontends_get_stable_identities_and_the_rbac_their_manager_needs(

@@ -21,8 +21,8 @@ ROOT = Path(clipper.__file__).resolve().parent.parent
 # Lowest first. A unit may import units of its own layer or of layers below, never above; and
 # the units' graph has no circle, so a layer is no excuse for two units that need each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # Foundations: time, the one exception hierarchy, the metric families.
-    ("clock", "errors", "metrics"),
+    # Foundations: time, the one exception hierarchy, the metric families, bounded log lines.
+    ("clock", "errors", "metrics", "logs"),
     # Values and mechanisms that know nothing of a frontend.
     (
         "choices",
@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "store",
         "metrics_window",
         "version",
+        "untrusted",
     ),
     # The RPC wire and its auth; pipeline descriptions (data only).
     ("rpc", "pipeline"),

@@ -3,31 +3,23 @@ came from so that an error can name its line.
 
 ``Located`` maps a path (``("applications", 1, "slo_micros")``) to its 1-based line and column.
 A YAML syntax error, and a key given twice in one mapping (YAML parsers keep the last one
-silently), are :class:`DocumentError` with ``line:col``.
+silently), are :class:`DocumentError` with ``line:col``. The file is untrusted input, read by
+:mod:`clipper.untrusted`: a size limit (``--max-file-bytes``) checked before it is read, no
+anchors or aliases, at most 64 levels deep and 100,000 values; each refusal is one line.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clipper.errors import ConfigError
+from clipper.untrusted import MAX_FILE_BYTES, PathKey, format_path, load_json, load_yaml, read_text
 
-__all__ = ["DocumentError", "Located", "format_path", "load_document"]
-
-PathKey = tuple[str | int, ...]
-
-
-def format_path(path: PathKey) -> str:
-    """``("applications", 1, "slo_micros")`` -> ``applications[1].slo_micros``."""
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
-    return out or "(the document)"
+__all__ = ["DocumentError", "Located", "PathKey", "format_path", "load_document"]
 
 
 class DocumentError(ConfigError):
@@ -56,26 +48,34 @@ class Located:
         return f"{self.where(path)} {format_path(path)}: {message}"
 
 
-def load_document(path: Path) -> tuple[Any, Located]:
+def load_document(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> tuple[Any, Located]:
     """The file's value and where each part of it is. JSON when the name ends in ``.json``,
     YAML otherwise (plain JSON is also read correctly as YAML here)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DocumentError([f"{path}: no such file"]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DocumentError([f"{path}: cannot read it: {e}"]) from None
+        text = read_text(path, max_bytes, limit="--max-file-bytes")
+    except ConfigError as e:
+        raise DocumentError([str(e)]) from None
     located = Located(str(path))
     if path.suffix.lower() == ".json":
         try:
-            value = json.loads(text, object_pairs_hook=_no_duplicates(path))
-        except json.JSONDecodeError as e:
-            raise DocumentError([f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}"]) from None
-        # Lines for the schema's messages: JSON is YAML, so the YAML composer can place them.
-        with contextlib.suppress(DocumentError):
-            _compose(text, located)
+            value = load_json(text, str(path), object_pairs_hook=_no_duplicates(path))
+        except DocumentError:
+            raise
+        except ConfigError as e:
+            raise DocumentError([str(e)]) from None
+        # Lines for the schema's messages: JSON is YAML, so the YAML reader can place them
+        # (not always: YAML 1.1 lacks JSON's \/ escape; then the messages name no line).
+        with contextlib.suppress(ConfigError):
+            located.lines = load_yaml(text, str(path)).where
         return value, located
-    return _compose(text, located), located
+    try:
+        parsed = load_yaml(text, str(path))
+    except ConfigError as e:
+        raise DocumentError([str(e)]) from None
+    if parsed.duplicates:
+        raise DocumentError(parsed.duplicates)
+    located.lines = parsed.where
+    return parsed.value, located
 
 
 def _no_duplicates(source: Path) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
@@ -88,48 +88,3 @@ def _no_duplicates(source: Path) -> Callable[[list[tuple[str, Any]]], dict[str, 
         return out
 
     return build
-
-
-def _compose(text: str, located: Located) -> Any:
-    import yaml
-
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"{located.source}:{mark.line + 1}:{mark.column + 1}" if mark else located.source
-        what = " ".join(str(p) for p in (e.context, e.problem) if p)
-        raise DocumentError([f"{where}: invalid YAML: {what}"]) from None
-    except yaml.YAMLError as e:
-        raise DocumentError([f"{located.source}: invalid YAML: {e}"]) from None
-    if node is None:
-        return None
-    problems: list[str] = []
-    _walk(node, (), located, problems)
-    if problems:
-        raise DocumentError(problems)
-    try:
-        return yaml.SafeLoader(text).get_single_data()
-    except yaml.YAMLError as e:  # a value the composer took but no constructor makes
-        raise DocumentError([f"{located.source}: invalid YAML: {e}"]) from None
-
-
-def _walk(node: Any, path: PathKey, located: Located, problems: list[str]) -> None:
-    import yaml
-
-    located.lines[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key, value in node.value:
-            name = str(key.value)
-            line = key.start_mark.line + 1
-            if name in seen:
-                problems.append(
-                    f"{located.source}:{line}:{key.start_mark.column + 1}: "
-                    f"{format_path((*path, name))}: given twice (first on line {seen[name]})"
-                )
-            seen[name] = line
-            _walk(value, (*path, name), located, problems)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _walk(item, (*path, i), located, problems)

@@ -79,13 +79,25 @@ def to_document(state: dict[str, Any]) -> dict[str, Any]:
     return {"applications": apps, "models": models}
 
 
+def _no_aliases_dumper() -> Any:
+    import yaml
+
+    def ignore_aliases(self: Any, data: Any) -> bool:
+        return True
+
+    return type("NoAliases", (yaml.SafeDumper,), {"ignore_aliases": ignore_aliases})
+
+
 def dump(document: dict[str, Any], fmt: str) -> str:
     if fmt == "json":
         return orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
     import yaml
 
     header = "# clipper-serve desired state: apply with `clipper apply -f <this file>`\n"
-    text: str = yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+    # No anchors for values that happen to be one object: `clipper apply` refuses aliases.
+    text: str = yaml.dump(
+        document, Dumper=_no_aliases_dumper(), sort_keys=False, default_flow_style=False
+    )
     return header + text
 
 

@@ -39,6 +39,7 @@ from clipper.declarative.document import DocumentError, Located, PathKey, load_d
 from clipper.errors import ClipperError
 from clipper.inputs import InputType
 from clipper.registry import Application, check_name
+from clipper.untrusted import MAX_FILE_BYTES
 
 __all__ = ["AppSpec", "DesiredState", "ModelSpec", "VersionSpec", "read_desired_state"]
 
@@ -198,9 +199,10 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
-def read_desired_state(path: Path) -> DesiredState:
-    """Parse and check ``path``; :class:`DocumentError` lists every problem."""
-    value, located = load_document(path)
+def read_desired_state(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> DesiredState:
+    """Parse and check ``path`` (refused unread when larger than ``max_bytes``);
+    :class:`DocumentError` lists every problem."""
+    value, located = load_document(path, max_bytes=max_bytes)
     r = _Reader(located)
     doc = r.mapping(value if value is not None else {}, (), _TOP_KEYS) or {}
     apps = [a for i, v in enumerate(r.items(doc, "applications", ())) if (a := _app(r, v, i))]

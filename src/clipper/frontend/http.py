@@ -45,6 +45,7 @@ import orjson
 
 from clipper.clock import Clock, MonotonicClock, TimerHandle
 from clipper.errors import PayloadTooLarge, RequestError
+from clipper.logs import PROTOCOL_LOG
 
 if TYPE_CHECKING:
     from clipper.config import FrontendConfig
@@ -429,7 +430,9 @@ class _Connection(asyncio.Protocol):
                 try:
                     watcher.client_gone()
                 except Exception:  # one broken watcher must not keep the others waiting
-                    log.exception("telling a request that its client went away failed")
+                    PROTOCOL_LOG.exception(
+                        log, self.server.clock, "telling a request that its client went away failed"
+                    )
 
     def data_received(self, data: bytes) -> None:
         if self._broken or self._closed:
@@ -710,7 +713,7 @@ class _Connection(asyncio.Protocol):
             if slot.data is None:
                 self._answer(slot, err.status, error_body(err), JSON)
         except Exception:
-            log.exception("unexpected error serving %s", path)
+            PROTOCOL_LOG.exception(log, self.server.clock, "unexpected error serving %s", path)
             if slot.data is None:
                 self._answer(slot, 500, b"An unexpected error occurred!", b"text/plain")
 

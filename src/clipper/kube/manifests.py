@@ -64,6 +64,10 @@ _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 # (their last batches, a few seconds): its pod's grace period covers both before SIGKILL.
 _FRONTEND_DRAIN_S = FrontendConfig().drain_timeout_s
 _FRONTEND_STOP_S = 10
+# Before that, the frontend goes on accepting connections while not ready: the Service's
+# endpoints drop a terminating pod asynchronously (kube-proxy and ingress controllers learn of
+# it within a few seconds), and a connection refused meanwhile is a client error.
+_FRONTEND_DRAIN_DELAY_S = 5
 
 
 def dns_label(*parts: str, limit: int = 63) -> str:
@@ -292,6 +296,7 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
         "CLIPPER_RPC_KEYS_DIR": KEYS_MOUNT,
         "CLIPPER_MANAGER": manager,
         "CLIPPER_DRAIN_TIMEOUT_S": f"{_FRONTEND_DRAIN_S:g}",
+        "CLIPPER_DRAIN_DELAY_S": str(_FRONTEND_DRAIN_DELAY_S),
     } | ({"CLIPPER_STORE": s.store} if s.store else {})
     rules = [
         {
@@ -411,9 +416,11 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
                     "metadata": {"labels": sel},
                     "spec": {
                         "serviceAccountName": "clipper-frontend",
-                        # SIGTERM starts the drain (CLIPPER_DRAIN_TIMEOUT_S, above): raise
-                        # both together.
-                        "terminationGracePeriodSeconds": int(_FRONTEND_DRAIN_S) + _FRONTEND_STOP_S,
+                        # SIGTERM starts the drain (CLIPPER_DRAIN_DELAY_S and
+                        # CLIPPER_DRAIN_TIMEOUT_S, above): raise them together.
+                        "terminationGracePeriodSeconds": _FRONTEND_DRAIN_DELAY_S
+                        + int(_FRONTEND_DRAIN_S)
+                        + _FRONTEND_STOP_S,
                         "containers": [container],
                         "volumes": [
                             {

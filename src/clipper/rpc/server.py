@@ -27,6 +27,7 @@ import zmq
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import WireError
 from clipper.inputs import InputType
+from clipper.logs import PROTOCOL_LOG
 from clipper.rpc import wire
 from clipper.rpc.auth import RpcGuard, ensure_keys
 from clipper.rpc.link import Connection
@@ -258,9 +259,11 @@ class RpcServer(Generic[P]):
             try:
                 self._handle(frames)
             except WireError as e:
-                log.warning("dropping a malformed message from %r: %s", frames[0], e)
+                PROTOCOL_LOG.warning(
+                    log, self.clock, "dropping a malformed message from %r: %s", frames[0], e
+                )
             except Exception:
-                log.exception("error handling a container message")
+                PROTOCOL_LOG.exception(log, self.clock, "error handling a container message")
         # More may be waiting; yield to the HTTP side first.
         if not self._drain_scheduled:
             self._drain_scheduled = True
@@ -314,7 +317,9 @@ class RpcServer(Generic[P]):
             if replica is not None or identity in self._leaving:
                 return
             if msg.rpc_version != wire.RPC_VERSION:
-                log.error(
+                PROTOCOL_LOG.error(
+                    log,
+                    self.clock,
                     "container %s:%s speaks RPC version %s, expected %s; not registered",
                     msg.name,
                     msg.version,

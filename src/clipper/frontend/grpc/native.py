@@ -35,6 +35,7 @@ from clipper.frontend.grpc.server import (
     error_status,
     submit_infer,
 )
+from clipper.logs import PROTOCOL_LOG
 from clipper.query.prediction import answer_failed
 
 if TYPE_CHECKING:
@@ -292,7 +293,9 @@ class _Connection(asyncio.Protocol):
             try:
                 reply.client_gone()
             except Exception:  # one broken query must not keep the connection's others
-                log.exception("abandoning a cancelled ModelInfer failed")
+                PROTOCOL_LOG.exception(
+                    log, self.server.clock, "abandoning a cancelled ModelInfer failed"
+                )
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -305,7 +308,7 @@ class _Connection(asyncio.Protocol):
         except ProtocolError as e:
             self._goaway(e.code, str(e))
         except Exception as e:  # a bug: the connection goes, the server stays
-            log.exception("gRPC connection failed")
+            PROTOCOL_LOG.exception(log, self.server.clock, "gRPC connection failed")
             self._goaway(INTERNAL_ERROR, f"internal error: {type(e).__name__}")
         out, self.out = self.out, None
         if out and not self.closed:
@@ -330,7 +333,7 @@ class _Connection(asyncio.Protocol):
         if self.closed:
             return
         if code != NO_ERROR:
-            log.info("gRPC connection error %d: %s", code, why)
+            PROTOCOL_LOG.info(log, self.server.clock, "gRPC connection error %d: %s", code, why)
         out = b"".join(self.out or ()) + frame(
             GOAWAY, 0, 0, _U32.pack(self.last_id) + _U32.pack(code) + why.encode()[:256]
         )
