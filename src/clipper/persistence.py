@@ -15,6 +15,11 @@ bounded in the store as in memory: this frontend keeps at most ``state_capacity`
 per application stored (the same bound as :class:`~clipper.selection.UserStates` in memory),
 and writing one more deletes the stored state of the user written least recently. Without it a
 client sending feedback with a new ``uid`` each time grew the store without end.
+
+What was stored before this frontend started (an earlier run, another frontend on a shared
+Redis store) counts too: at an application's first state write here, the writer task lists the
+application's stored users (:meth:`Store.state_users`, a page at a time) as older than any
+written since, and deletes the oldest beyond the bound, a page per commit.
 """
 
 from __future__ import annotations
@@ -24,13 +29,15 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
 
 from clipper.clock import Clock, MonotonicClock, wait_for
 from clipper.registry import GONE, Records, Registry
 from clipper.selection.states import CAPACITY, SHARED
 from clipper.store.base import (
     CONFIG_KINDS,
+    STATE_PAGE,
     Delete,
     DeletePrefix,
     Op,
@@ -46,7 +53,20 @@ log = logging.getLogger("clipper.store")
 
 _STATE_QUEUE_LIMIT = 100_000
 
+# Queued with an application's name instead of a state: list what the application has stored.
+_SCAN: Final = object()
+
 T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class _Scan:
+    """An application's stored users being listed: those found so far that this frontend has
+    not written (older than every user it wrote), and those it deleted meanwhile, which the
+    listing may still show."""
+
+    found: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    gone: set[str] = field(default_factory=set)
 
 
 def diff_registries(before: Registry, after: Registry) -> list[Op]:
@@ -113,6 +133,10 @@ class StoreSync:
         self.state_capacity = state_capacity
         # Per application, the users whose states this frontend stored, least recently first.
         self._stored: dict[str, OrderedDict[str, None]] = {}
+        # Applications whose stored users were listed (or are queued to be), and the listings
+        # under way.
+        self._scanned: set[str] = set()
+        self._scanning: dict[str, _Scan] = {}
         self.registry = registry
         self.store = store
         # Serializes this frontend's commits and reloads: a draft is validated against the
@@ -159,7 +183,10 @@ class StoreSync:
                 await self.store.commit(ops)
                 for op in extra:  # an application's states deleted with it
                     if isinstance(op, DeletePrefix) and op.kind == "state":
-                        self._stored.pop(op.prefix.rstrip(":"), None)
+                        app = op.prefix.rstrip(":")
+                        self._stored.pop(app, None)
+                        self._scanning.pop(app, None)
+                        self._scanned.discard(app)
                 # Applied as a delta to the registry as it is now: an event from another
                 # frontend may have landed while the commit was in flight, and stays.
                 self.registry.apply_delta(delta_of(ops))
@@ -167,36 +194,65 @@ class StoreSync:
 
     def write_state(self, key: str, value: Any) -> None:
         """Queue a selection-policy state write (``app:uid``). A user's state beyond
-        ``state_capacity`` per application queues the deletion of the least recent one's."""
+        ``state_capacity`` per application queues the deletion of the least recent one's; the
+        application's first write queues the listing of what it already has stored."""
         app, _, uid = key.partition(":")
-        evicted: str | None = None
-        if uid != SHARED:  # the shared state is every uid-less query's: never evicted
-            users = self._stored.setdefault(app, OrderedDict())
-            users[uid] = None
-            users.move_to_end(uid)
-            if len(users) > self.state_capacity:
-                evicted = f"{app}:{users.popitem(last=False)[0]}"
+        if uid == SHARED:  # the shared state is every uid-less query's: never evicted
+            self._queue(key, value)
+            return
+        if app not in self._scanned and self._queue(app, _SCAN):
+            self._scanned.add(app)
+            self._scanning[app] = _Scan()
+        users = self._stored.setdefault(app, OrderedDict())
+        scan = self._scanning.get(app)
+        if scan is not None:  # written now: the most recent, whatever the listing finds
+            scan.found.pop(uid, None)
+            scan.gone.discard(uid)
+        users[uid] = None
+        users.move_to_end(uid)
         self._queue(key, value)
-        if evicted is not None:
-            self._queue(evicted, None)
+        for evicted in self._over_bound(app):
+            self._queue(f"{app}:{evicted}", None)
 
     def stored_users(self, app: str) -> int:
-        """How many users' states of ``app`` this frontend keeps stored."""
-        return len(self._stored.get(app, ()))
+        """How many users' states of ``app`` this frontend counts as stored."""
+        scan = self._scanning.get(app)
+        return len(self._stored.get(app, ())) + (len(scan.found) if scan is not None else 0)
 
-    def _queue(self, key: str, value: Any) -> None:
+    def _over_bound(self, app: str) -> list[str]:
+        """Forget the least recent users of ``app`` beyond ``state_capacity``: those the listing
+        found first (older than any written here), then the least recently written; the
+        caller deletes their states."""
+        users = self._stored.get(app)
+        if users is None:
+            return []
+        scan = self._scanning.get(app)
+        found = scan.found if scan is not None else OrderedDict()
+        evicted: list[str] = []
+        while len(users) + len(found) > self.state_capacity:
+            source = found if found else users
+            evicted.append(source.popitem(last=False)[0])
+        if scan is not None:
+            scan.gone.update(evicted)
+        return evicted
+
+    def _queue(self, key: str, value: Any) -> bool:
         try:
             self._states.put_nowait((key, value))
         except asyncio.QueueFull:
             log.warning(
                 "the state writer is %d writes behind; dropping %s", _STATE_QUEUE_LIMIT, key
             )
+            return False
+        return True
 
     async def _write_states(self) -> None:
         while True:
             key, value = await self._states.get()
             try:
-                if value is None:
+                if value is _SCAN:
+                    await self._scan(key)
+                elif value is None:
                     await self.store.delete("state", key)
                 else:
                     await self.store.put("state", key, value)
@@ -206,6 +262,42 @@ class StoreSync:
                 log.exception("writing selection state %s failed", key)
             finally:
                 self._states.task_done()
+
+    async def _scan(self, app: str) -> None:
+        """Count the users of ``app`` stored before this frontend wrote any, as the oldest, and
+        delete the oldest beyond the bound: one commit per page listed, so the writes queued
+        meanwhile wait at most a page."""
+        scan = self._scanning.get(app)
+        if scan is None:
+            return
+        listed = 0
+        try:
+            async for page in self.store.state_users(app, STATE_PAGE):
+                if self._scanning.get(app) is not scan:
+                    return  # the application's states were deleted meanwhile
+                users = self._stored.get(app, OrderedDict())
+                for uid in page:
+                    if uid not in users and uid not in scan.gone:
+                        scan.found[uid] = None  # a uid listed twice keeps its first place
+                listed += len(page)
+                evicted = self._over_bound(app)
+                if evicted:
+                    await self.store.commit([Delete("state", f"{app}:{u}") for u in evicted])
+        except StoreError as e:
+            log.warning("listing the stored selection states of %s failed: %s", app, e)
+        finally:
+            if self._scanning.get(app) is scan:
+                del self._scanning[app]
+                # The users found go before those written here: they are the older ones.
+                merged = scan.found
+                merged.update(self._stored.get(app, OrderedDict()))
+                self._stored[app] = merged
+        log.info(
+            "application %s: %d stored users' states listed, %d kept",
+            app,
+            listed,
+            len(self._stored.get(app, ())),
+        )
 
     # -- other frontends -----------------------------------------------------------------------
     def _on_event(self, event: StoreEvent) -> None:

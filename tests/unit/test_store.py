@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from clipper.errors import ClipperError, ConfigError
@@ -435,3 +436,88 @@ async def test_a_failed_sqlite_commit_is_rolled_back_whole(tmp_path: Path) -> No
         assert (await s.load())["app"] == {}
     finally:
         await s.close()
+
+
+# --- listing an application's stored users ---------------------------------------------------
+
+
+async def _listed(store: Store, app: str, batch: int) -> list[list[str]]:
+    return [page async for page in store.state_users(app, batch)]
+
+
+async def test_state_users_lists_one_app_least_recently_written_first(store: Store) -> None:
+    for uid in ("u0", "u1", "u2", "u3", "u4"):
+        await store.put("state", f"a:{uid}", {"n": 1})
+    await store.put("state", "a:", {"shared": True})  # not a user's: not listed
+    await store.put("state", "ab:u9", {"n": 1})  # another application whose name starts alike
+    await store.put("state", "b:u1", {"n": 1})
+    await store.put("app", "a", APP)
+    await store.put("state", "a:u1", {"n": 2})  # written again: now the most recent
+    await store.delete("state", "a:u3")
+    pages = await _listed(store, "a", batch=2)
+    assert all(1 <= len(page) <= 2 for page in pages)
+    assert [uid for page in pages for uid in page] == ["u0", "u2", "u4", "u1"]
+    assert await _listed(store, "b", batch=10) == [["u1"]]
+    assert await _listed(store, "none", batch=10) == []
+
+
+async def test_state_users_of_uids_holding_colons_and_wildcards(store: Store) -> None:
+    for uid in ("x:y", "*", "a%_[b]"):
+        await store.put("state", f"a:{uid}", {"n": 1})
+    assert await _listed(store, "a", batch=100) == [["x:y", "*", "a%_[b]"]]
+
+
+async def test_sqlite_state_users_keeps_the_write_order_across_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "clipper.db"
+    store = SqliteStore(path)
+    await store.open()
+    for i in range(5):
+        await store.put("state", f"a:u{i}", {"n": i})
+    await store.close()
+    store = SqliteStore(path)
+    await store.open()
+    await store.put("state", "a:u0", {"n": 9})  # after the reopen: still the most recent
+    assert [u for page in await _listed(store, "a", 2) for u in page] == [
+        "u1", "u2", "u3", "u4", "u0",
+    ]  # fmt: skip
+    await store.close()
+
+
+async def test_sqlite_upgrades_a_schema_1_file_keeping_its_states(tmp_path: Path) -> None:
+    path = tmp_path / "clipper.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:  # the layout clipper-serve wrote before states carried their write order
+        conn.execute(
+            "CREATE TABLE clipper_store (kind TEXT NOT NULL, key TEXT NOT NULL,"
+            " value TEXT NOT NULL, PRIMARY KEY (kind, key))"
+        )
+        conn.execute("INSERT INTO clipper_store VALUES ('meta', 'schema_version', '1')")
+        conn.execute(
+            "INSERT INTO clipper_store VALUES ('app', 'a', ?)", (orjson.dumps(APP).decode(),)
+        )
+        for uid in ("old0", "old1", "old2"):
+            conn.execute(
+                "INSERT INTO clipper_store VALUES ('state', ?, '{\"n\":1}')", (f"a:{uid}",)
+            )
+    finally:
+        conn.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert (await store.load())["app"] == {"a": APP}
+        assert await store.get("state", "a:old1") == {"n": 1}
+        await store.put("state", "a:new", {"n": 2})
+        await store.put("state", "a:old0", {"n": 3})
+        # The old states in the order first written, then the writes since, in their order.
+        assert await _listed(store, "a", 10) == [["old1", "old2", "new", "old0"]]
+    finally:
+        await store.close()
+    conn = sqlite3.connect(path)
+    try:
+        version = conn.execute(
+            "SELECT value FROM clipper_store WHERE kind = 'meta' AND key = 'schema_version'"
+        ).fetchone()
+    finally:
+        conn.close()
+    assert version == (str(SCHEMA_VERSION),)
+    assert SCHEMA_VERSION == 2

@@ -17,7 +17,7 @@ backend runs its calls on its own worker thread, the Redis backend is natively a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -29,6 +29,7 @@ from clipper.errors import ClipperError, ConfigError
 __all__ = [
     "CONFIG_KINDS",
     "KINDS",
+    "STATE_PAGE",
     "Delete",
     "DeletePrefix",
     "Kind",
@@ -53,6 +54,9 @@ KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
 # What load() returns: the configuration. "state" (selection-policy state per application and
 # user) can hold millions of keys: it is read one key at a time with get().
 CONFIG_KINDS: Final[tuple[Kind, ...]] = ("app", "model", "current", "links", "intent", "rollout")
+
+# How many users one page of Store.state_users lists: a page is what one awaited step holds.
+STATE_PAGE: Final = 1000
 
 # kind -> key -> value; all four kinds are always present, possibly empty.
 Snapshot = dict[str, dict[str, Any]]
@@ -145,6 +149,12 @@ class Store(Protocol):
     hear from; the memory and SQLite backends never call it (one frontend per state directory).
     ``on_resync(callback)`` is called when events may have been missed (a reconnect, a gap in
     the store's revision): the watcher should ``load()`` again and apply the difference.
+
+    ``state_users(app)`` lists the users whose selection states of ``app`` are stored (the
+    ``uid`` of each ``app:uid`` key; the shared state ``app:`` is not listed), in pages of at
+    most ``batch``, least recently written first where the backend keeps that order (memory,
+    SQLite); Redis lists them in its scan order, and may list a user twice. Keys written or
+    deleted while the listing runs may or may not be listed.
     """
 
     async def open(self) -> None: ...
@@ -160,6 +170,8 @@ class Store(Protocol):
     async def delete(self, kind: Kind, key: str) -> None: ...
 
     async def get(self, kind: Kind, key: str) -> Any | None: ...
+
+    def state_users(self, app: str, batch: int = STATE_PAGE) -> AsyncIterator[list[str]]: ...
 
     def watch(self, callback: Watcher) -> None: ...
 

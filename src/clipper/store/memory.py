@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from clipper.store.base import (
     CONFIG_KINDS,
     KINDS,
+    STATE_PAGE,
     DeletePrefix,
     Kind,
     Op,
@@ -30,6 +31,9 @@ class MemoryStore:
 
     Each instance is its own world: two MemoryStores never see each other's writes, so callbacks
     given to :meth:`watch` are kept but never called.
+
+    A state written again moves to the end of its dict, so a dict walk lists states least
+    recently written first (:meth:`state_users`).
     """
 
     def __init__(self) -> None:
@@ -64,6 +68,8 @@ class MemoryStore:
             records = self._data[op.kind]
             if isinstance(op, Put):
                 assert text is not None
+                if op.kind == "state":
+                    records.pop(op.key, None)  # to the end: the most recently written
                 records[op.key] = text
             elif isinstance(op, DeletePrefix):
                 for key in [k for k in records if k.startswith(op.prefix)]:
@@ -82,6 +88,15 @@ class MemoryStore:
         self._check_open()
         text = self._data[check_kind(kind)].get(key)
         return None if text is None else decode_value(kind, key, text)
+
+    async def state_users(self, app: str, batch: int = STATE_PAGE) -> AsyncIterator[list[str]]:
+        self._check_open()
+        prefix = f"{app}:"
+        # A copy: the caller may write and delete states between pages.
+        uids = [k[len(prefix) :] for k in self._data["state"] if k.startswith(prefix)]
+        uids = [uid for uid in uids if uid]  # the shared state is not a user's
+        for start in range(0, len(uids), max(1, batch)):
+            yield uids[start : start + max(1, batch)]
 
     def watch(self, callback: Watcher) -> None:
         self._watchers.append(callback)

@@ -19,6 +19,10 @@ of them for a poll interval, or the event connection broke, it calls the ``on_re
 whose owner loads the snapshot again and applies the difference. An event older than what this
 store already holds for a key (it raced a later commit) is dropped, so a late event never reverts
 a newer value.
+
+Selection states keep no write order in Redis (a hash has none, and a second structure per write
+would double what they cost): :meth:`RedisStore.state_users` lists an application's users with
+HSCAN (a bounded step per call, never KEYS or HGETALL), in the server's scan order.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -37,6 +41,7 @@ from clipper.errors import ConfigError
 from clipper.store.base import (
     CONFIG_KINDS,
     KINDS,
+    STATE_PAGE,
     Delete,
     DeletePrefix,
     Kind,
@@ -285,6 +290,25 @@ class RedisStore:
         with self._failing("get"):
             text = await client.hget(self._hash(kind), key)
         return None if text is None else decode_value(kind, key, text)
+
+    async def state_users(self, app: str, batch: int = STATE_PAGE) -> AsyncIterator[list[str]]:
+        client = self._live()
+        prefix = f"{app}:"
+        match = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
+        batch = max(1, batch)
+        cursor = 0
+        while True:
+            with self._failing(f"listing the stored states of {app!r}"):
+                cursor, fields = await client.hscan(
+                    self._hash("state"), cursor, match=match, count=batch
+                )
+            # decode_responses: the fields are str; the shared state is not a user's.
+            uids = [str(key)[len(prefix) :] for key in fields if str(key) != prefix]
+            # A small hash answers whole whatever the count: cut it to pages.
+            for start in range(0, len(uids), batch):
+                yield uids[start : start + batch]
+            if cursor == 0:
+                return
 
     def watch(self, callback: Watcher) -> None:
         self._watchers.append(callback)

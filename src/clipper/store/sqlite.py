@@ -13,6 +13,11 @@ on that thread, and the single FIFO worker applies writes in the order they were
 
 One frontend per state directory: SQLite has no change notification between processes, so
 callbacks given to :meth:`SqliteStore.watch` are kept but never called.
+
+Write order of selection states (schema 2): each state row carries ``seq``, one more than the
+largest stored, set by every write of it, with a partial index on it; listing an application's
+users least recently written first (:meth:`SqliteStore.state_users`) walks that index a page at
+a time. Rows of schema 1 get their insertion order (rowid) as ``seq`` when the file is upgraded.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import asyncio
 import functools
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
 
 from clipper.store.base import (
     CONFIG_KINDS,
+    STATE_PAGE,
     Delete,
     DeletePrefix,
     Kind,
@@ -45,13 +51,29 @@ from clipper.store.base import (
 __all__ = ["SCHEMA_VERSION", "SqliteStore"]
 
 # Bump when the table layout or the JSON of a kind changes, and add a step to _migrate.
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 _META: Final = "meta"
 _SCHEMA_KEY: Final = "schema_version"
 # Another process holding the write lock briefly (e.g. an admin tool) is waited for, not an error.
 _BUSY_TIMEOUT_MS: Final = 5000
 
 T = TypeVar("T")
+
+# Every write of a state is the most recent: one more than the largest seq stored (the partial
+# index makes the max a lookup). Other kinds have no order to keep: their seq stays NULL.
+_PUT: Final = (
+    "INSERT INTO clipper_store (kind, key, value, seq) VALUES (?1, ?2, ?3,"
+    " CASE WHEN ?1 = 'state' THEN"
+    " (SELECT coalesce(max(seq), 0) + 1 FROM clipper_store INDEXED BY clipper_state_seq"
+    " WHERE kind = 'state') END)"
+    " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, seq = excluded.seq"
+)
+# One page of an application's users, least recently written first, after the seq ``?``; the
+# prefix test is a substr (not LIKE: keys may hold '%' or '_'), so the walk is on the seq index.
+_STATE_PAGE_SQL: Final = (
+    "SELECT key, seq FROM clipper_store INDEXED BY clipper_state_seq"
+    " WHERE kind = 'state' AND seq > ? AND substr(key, 1, ?) = ? ORDER BY seq LIMIT ?"
+)
 
 
 class SqliteStore:
@@ -129,6 +151,18 @@ class SqliteStore:
         text = await self._call(self._get_sync, kind, key)
         return None if text is None else decode_value(kind, key, text)
 
+    async def state_users(self, app: str, batch: int = STATE_PAGE) -> AsyncIterator[list[str]]:
+        prefix = f"{app}:"
+        after = -(2**63)
+        while True:
+            rows = await self._call(self._state_page_sync, prefix, after, max(1, batch))
+            if not rows:
+                return
+            after = rows[-1][1]
+            uids = [key[len(prefix) :] for key, _ in rows]
+            if page := [uid for uid in uids if uid]:  # the shared state is not a user's
+                yield page
+
     def watch(self, callback: Watcher) -> None:
         self._watchers.append(callback)
 
@@ -170,13 +204,17 @@ class SqliteStore:
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(
             "CREATE TABLE IF NOT EXISTS clipper_store ("
-            " kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
+            " kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, seq INTEGER,"
             " PRIMARY KEY (kind, key))"
         )
         # IMMEDIATE: two processes opening a fresh file at once must not both write the version.
         conn.execute("BEGIN IMMEDIATE")
         try:
             self._migrate(conn, self._schema_version(conn))
+            conn.execute(
+                "CREATE INDEX IF NOT EXISTS clipper_state_seq ON clipper_store (seq)"
+                " WHERE kind = 'state'"
+            )
             conn.execute(
                 "INSERT INTO clipper_store (kind, key, value) VALUES (?, ?, ?)"
                 " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
@@ -205,7 +243,11 @@ class SqliteStore:
         return found
 
     def _migrate(self, conn: sqlite3.Connection, found: int) -> None:
-        """Upgrade records from schema ``found`` to SCHEMA_VERSION (none yet: v1 is the first)."""
+        """Upgrade records from schema ``found`` to SCHEMA_VERSION, a step per version."""
+        if found < 2:
+            # 2: states carry their write order; the existing ones in the order first written.
+            conn.execute("ALTER TABLE clipper_store ADD COLUMN seq INTEGER")
+            conn.execute("UPDATE clipper_store SET seq = rowid WHERE kind = 'state'")
 
     def _close_sync(self) -> None:
         if self._conn is not None:
@@ -228,6 +270,10 @@ class SqliteStore:
         )
         return [(str(k), str(key), str(v)) for k, key, v in cur.fetchall()]
 
+    def _state_page_sync(self, prefix: str, after: int, limit: int) -> list[tuple[str, int]]:
+        cur = self._db().execute(_STATE_PAGE_SQL, (after, len(prefix), prefix, limit))
+        return [(str(key), int(seq)) for key, seq in cur.fetchall()]
+
     def _commit_sync(self, checked: list[tuple[Op, bytes | None]]) -> None:
         db = self._db()
         db.execute("BEGIN IMMEDIATE")
@@ -235,11 +281,7 @@ class SqliteStore:
             for op, text in checked:
                 if isinstance(op, Put):
                     assert text is not None
-                    db.execute(
-                        "INSERT INTO clipper_store (kind, key, value) VALUES (?, ?, ?)"
-                        " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
-                        (op.kind, op.key, text.decode()),
-                    )
+                    db.execute(_PUT, (op.kind, op.key, text.decode()))
                 elif isinstance(op, DeletePrefix):
                     # substr, not LIKE: keys may hold '%' or '_'.
                     db.execute(
