@@ -379,3 +379,17 @@ def test_aimd_slow_start_doubles_until_the_hold_band_then_adds() -> None:
     assert c.max_batch_size() == 16
     c.observe(16, 0.001)
     assert c.max_batch_size() == 18  # the paper's +2 from now on
+
+
+def test_a_cold_first_batch_of_one_does_not_end_slow_start() -> None:
+    """A fresh replica's first call is slow (imports, first allocations): over the target for
+    a batch of one. That says nothing about batching: the cap still doubles after it."""
+    c = AIMDController(0.010)
+    c.observe(1, 0.0105)  # cold: over the target
+    assert c.max_batch_size() == 1
+    for expected in (2, 4, 8, 16, 32):
+        c.observe(c.max_batch_size(), 0.002)
+        assert c.max_batch_size() == expected
+    c.observe(32, 0.0095)  # a real batch in the hold band ends it
+    c.observe(32, 0.002)
+    assert c.max_batch_size() == 34

@@ -192,10 +192,11 @@ class AIMDController:
     a half-empty batch says nothing about whether a bigger one would meet the target. Between
     that and the target the cap holds; over the target it shrinks by ``backoff``, always.
 
-    ``slow_start`` (TCP's idea, not the paper's): until the first batch that reaches the hold
-    band, a full fast batch doubles the cap instead of adding ``increment``. A cold replica
-    under load then reaches a cap of ~1000 in ten batches instead of five hundred, so it does
-    not shed queries while it ramps up; from then on the rule is exactly the paper's.
+    ``slow_start`` (TCP's idea, not the paper's): until the first batch of two or more that
+    reaches the hold band, a full fast batch doubles the cap instead of adding ``increment``.
+    A cold replica under load then reaches a cap of ~1000 in ten batches instead of five
+    hundred, so it does not shed queries while it ramps up; from then on the rule is exactly
+    the paper's.
     """
 
     __slots__ = (
@@ -245,7 +246,10 @@ class AIMDController:
 
     def observe(self, batch_size: int, latency_s: float) -> None:
         self._model.observe(batch_size, latency_s)
-        if latency_s >= self._grow_below:
+        if latency_s >= self._grow_below and batch_size > 1:
+            # A batch of one ends nothing: it cannot be made smaller, and a slow one is most
+            # often a replica's cold first call (10 ms where the next take 2), after which
+            # additive growth from 1 let a fresh deploy's first burst queue past its SLO.
             self._slow_start = False
         if latency_s > self._target:
             self._size = max(1, math.floor(self._size * self._backoff))
