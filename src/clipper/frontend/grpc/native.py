@@ -9,18 +9,23 @@ the grpcio servicer's coroutines (:class:`~clipper.frontend.grpc.server.Servicer
 
 HTTP/2 is what a gRPC client needs: SETTINGS, PING, WINDOW_UPDATE both ways, RST_STREAM,
 GOAWAY, HEADERS + CONTINUATION, DATA with padding; a protocol error is answered by GOAWAY and
-the connection closed. Request header blocks are decoded by :class:`hpack.Decoder`, cached by
-(table generation, bytes): a client repeats the same blocks, so after the first calls no
-header is decoded. Responses use constant header blocks that never touch the peer's dynamic
-table. See docs/v2-protocol.md.
+the connection closed. Request header blocks go through :class:`~clipper.frontend.grpc.
+hpack_blocks.HeaderCache` (judged before decoding, small ones cached); responses use constant
+header blocks that never touch the peer's dynamic table. A hostile peer meets the limits of
+:mod:`clipper.frontend.grpc.h2_limits`: budgets for resets, control frames and decode time
+(GOAWAY ENHANCE_YOUR_CALM), a share of each loop turn, receive windows refilled only as calls
+are dispatched, and timeouts for a request's body and for an answer the peer's window holds.
+See docs/v2-protocol.md and docs/security.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import struct
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import hpack
@@ -29,6 +34,16 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from clipper.clock import Clock, MonotonicClock, TimerHandle, sleep
 from clipper.errors import ClipperError, RequestError
 from clipper.frontend.grpc import inference_pb2 as pb
+from clipper.frontend.grpc.h2_limits import H2Limits, WindowBudget
+from clipper.frontend.grpc.hpack_blocks import (
+    CACHE_BLOCK_BYTES,
+    MAX_HEADER_LIST,
+    HeaderCache,
+    HeaderLimitError,
+    error_block,
+    header_block,
+    table_size_update,
+)
 from clipper.frontend.grpc.server import (
     InferReply,
     Servicer,
@@ -42,7 +57,7 @@ if TYPE_CHECKING:
 
     from clipper.query.runtime import QueryServices
 
-__all__ = ["NativeGrpcServer", "header_block"]
+__all__ = ["HeaderCache", "NativeGrpcServer", "ProtocolError", "error_block", "header_block"]
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +74,11 @@ FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x6, 0x7, 0x8, 0x9
 ENHANCE_YOUR_CALM = 0xB
 
 MAX_FRAME = 16_384  # what we accept: the protocol's default, so any peer respects it
-WINDOW = 16 * 2**20  # our receive windows: a request of up to 16 MiB never waits for us
-MAX_STREAMS = 1024
-MAX_HEADER_BLOCK = 64 * 1024
+WINDOW = 16 * 2**20  # each stream's receive window: a request of up to 16 MiB never waits
 MAX_WINDOW = 2**31 - 1
-_CACHE_ENTRIES = 512  # decoded header blocks per connection
+_HPACK_TABLE = 4096  # the dynamic table size both sides start with (RFC 7541)
+# Why reading is paused (Connection.paused): the peer does not read, or it used its turn.
+_WRITING, _BUSY = 0x1, 0x2
 
 _HEAD = struct.Struct(">BHBBI")  # 24-bit length as a byte and a short, type, flags, stream id
 _U32 = struct.Struct(">I")
@@ -77,47 +92,8 @@ def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return _HEAD.pack(n >> 16, n & 0xFFFF, kind, flags, stream) + payload
 
 
-def _int(value: int, prefix: int, first: int) -> bytes:
-    """An HPACK integer with a ``prefix``-bit prefix, ``first`` the bits above it."""
-    top = (1 << prefix) - 1
-    if value < top:
-        return bytes([first | value])
-    out = bytearray([first | top])
-    value -= top
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """An HPACK block of literals without indexing (new names, no Huffman): constant, and it
-    leaves the peer's dynamic table alone, so responses need no encoder state."""
-    out = bytearray()
-    for name, value in headers:
-        if name == b":status" and value == b"200":
-            out.append(0x88)  # static table entry 8
-            continue
-        out += b"\x00" + _int(len(name), 7, 0) + name + _int(len(value), 7, 0) + value
-    return bytes(out)
-
-
 _OK_HEAD = header_block([(b":status", b"200"), (b"content-type", b"application/grpc")])
 _OK_TRAILERS = header_block([(b"grpc-status", b"0")])
-
-
-def _percent(message: str) -> bytes:
-    """grpc-message's percent-encoding: printable ASCII but '%' stays as it is."""
-    raw = message.encode()[:4096]  # an error block must fit one frame
-    return b"".join(bytes([c]) if 0x20 <= c <= 0x7E and c != 0x25 else b"%%%02X" % c for c in raw)
-
-
-def error_block(code: int, message: str) -> bytes:
-    """A trailers-only response's header block: an error and no message."""
-    return _OK_HEAD + header_block(
-        [(b"grpc-status", str(code).encode()), (b"grpc-message", _percent(message))]
-    )
 
 
 class ProtocolError(ClipperError):
@@ -147,62 +123,27 @@ class _Context:
 _CONTEXT = _Context()
 
 
-class HeaderCache:
-    """Decoded request header blocks by (table generation, bytes). A block is cached only if
-    decoding it left the dynamic table as it was; a block that changed it bumps the
-    generation, so no cached block can be replayed against a table it was not decoded with."""
-
-    __slots__ = ("_cache", "decoder", "generation")
-
-    def __init__(self) -> None:
-        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
-        self.generation = 0
-        self._cache: dict[tuple[int, bytes], tuple[bytes, bytes]] = {}
-
-    def _state(self) -> tuple[object, int, int, int]:
-        table = self.decoder.header_table
-        entries = table.dynamic_entries
-        # The newest entry itself (held, so its id cannot be reused): any insert replaces it.
-        return (entries[0] if entries else None, len(entries), table._current_size, table.maxsize)
-
-    def decode(self, block: bytes) -> tuple[bytes, bytes]:
-        """``(:path, content-type)`` of a header block; hpack's errors propagate."""
-        key = (self.generation, block)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        before = self._state()
-        headers = self.decoder.decode(block, raw=True)
-        after = self._state()
-        path = ctype = b""
-        for name, value in headers:
-            if name == b":path":
-                path = bytes(value)
-            elif name == b"content-type":
-                ctype = bytes(value)
-        got = (path, ctype)
-        if before[0] is after[0] and before[1:] == after[1:]:
-            if len(self._cache) >= _CACHE_ENTRIES:
-                self._cache.clear()
-            self._cache[key] = got
-        else:
-            self.generation += 1
-        return got
-
-
 class _Stream:
-    __slots__ = ("body", "ctype", "done", "id", "path", "pending", "recv", "reply", "window")
+    __slots__ = (
+        "body", "complete", "ctype", "done", "held", "id", "moved", "opened", "path", "pending",
+        "recv", "reply", "task", "window",
+    )  # fmt: skip
 
-    def __init__(self, sid: int, window: int) -> None:
+    def __init__(self, sid: int, window: int, now: float) -> None:
         self.id = sid
         self.window = window  # what we may still send on it
         self.recv = 0  # request bytes consumed since our last WINDOW_UPDATE for it
         self.body = bytearray()
+        self.held = 0  # body bytes counted against the connection's and the server's budgets
+        self.opened = now  # its HEADERS: the body timeout counts from here
+        self.complete = False  # its request is all in (dispatched)
+        self.moved = now  # the last time its blocked answer moved (the send timeout)
         self.path = b""
         self.ctype = b""
-        self.pending: deque[bytes] | None = None  # DATA payloads waiting for window, + trailers
+        self.pending: deque[bytes] | None = None  # DATA payloads waiting for window
         self.done = False  # answered or reset: a late answer is dropped
         self.reply: InferReply | None = None  # a ModelInfer waiting for its answer
+        self.task: asyncio.Future[Any] | None = None  # another method's servicer coroutine
 
 
 class _NativeReply(InferReply):
@@ -220,10 +161,19 @@ class _NativeReply(InferReply):
         code, message = error_status(err)
         self.conn.send_error(self.stream, int(code.value[0]), message)
 
+    def hold_s(self) -> float:
+        """How long the query may still run: the call's timeout, else its application's SLO."""
+        infer, app = self.infer, self.app
+        if infer is not None and infer.slo_s:
+            return infer.slo_s
+        return app.slo_s if app is not None else 0.0
+
 
 class _Connection(asyncio.Protocol):
     def __init__(self, server: NativeGrpcServer) -> None:
         self.server = server
+        self.limits = limits = server.limits
+        now = server.clock.now()
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.buf = bytearray()
         self.preface = False
@@ -233,15 +183,28 @@ class _Connection(asyncio.Protocol):
         self.send_window = 65_535  # the peer's connection window
         self.peer_initial = 65_535  # the peer's initial stream window
         self.peer_max_frame = 16_384
-        self.recv = 0  # request bytes consumed since our last connection WINDOW_UPDATE
+        # Our connection receive window: what the peer may still send, and the bytes released
+        # (dispatched or dropped) not yet given back by WINDOW_UPDATE.
+        self.recv_left = limits.connection_window
+        self.credit = 0
+        self.refill_at = limits.connection_window // 4
         self.blocked: dict[int, _Stream] = {}  # streams with DATA waiting for window
         self.block: bytearray | None = None  # a header block awaiting CONTINUATION
         self.block_stream = 0
         self.block_flags = 0
+        self.block_frames = 0  # CONTINUATION frames in it so far
+        self.resets = WindowBudget(limits.reset_budget, limits.reset_window_s, now)
+        self.control = WindowBudget(limits.control_budget, limits.control_window_s, now)
+        self.decoding = WindowBudget(limits.decode_budget_s, limits.decode_window_s, now)
+        self.held: list[float] = []  # heap: until when each reset call's query may still run
+        self.enc_table = _HPACK_TABLE  # the dynamic table size our (index-free) encoder uses
+        self.table_update = b""  # a size update owed at the start of our next header block
+        self.paused = 0  # why reading is paused (_WRITING, _BUSY)
+        self.scheduled = False  # a later turn will parse what is buffered
         self.out: list[bytes] | None = None  # writes gathered while a read is parsed
         self.closed = False
         self.goaway = False
-        self.opened = self.last_active = server.clock.now()
+        self.opened = self.last_active = now
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -266,12 +229,11 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
             return
         server.connections.add(self)
-        settings = b"".join(
-            _SETTING.pack(k, v)
-            for k, v in ((0x3, MAX_STREAMS), (0x4, WINDOW), (0x6, MAX_HEADER_BLOCK))
-        )
+        ours = ((0x3, self.limits.max_streams), (0x4, WINDOW), (0x6, MAX_HEADER_LIST))
+        settings = b"".join(_SETTING.pack(k, v) for k, v in ours)
         self.transport.write(
-            frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, _U32.pack(WINDOW - 65_535))
+            frame(SETTINGS, 0, 0, settings)
+            + frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.limits.connection_window - 65_535))
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -282,42 +244,76 @@ class _Connection(asyncio.Protocol):
         self.blocked.clear()
         for s in streams:
             s.done = True
+            self.server.buffered -= s.held
+            s.held = 0
+            s.body = bytearray()
             self._cancelled(s)
 
     def _cancelled(self, stream: _Stream) -> None:
         """The client reset ``stream`` or its connection went before the answer: the query
-        waiting for it is abandoned (its inputs leave the queue)."""
+        waiting for it is abandoned (its inputs leave the queue), a servicer call cancelled."""
         reply, stream.reply = stream.reply, None
         if reply is not None:
             try:
                 reply.client_gone()
             except Exception:  # one broken query must not keep the connection's others
                 log.exception("abandoning a cancelled ModelInfer failed")
+        task, stream.task = stream.task, None
+        if task is not None:
+            task.cancel()
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
         self.last_active = self.server.clock.now()
         self.buf += data
+        if not self.scheduled:
+            self._turn()
+
+    def _turn(self) -> None:
+        """Parse what is buffered, up to this connection's share of a loop turn; if frames are
+        left, stop reading and parse them on a later turn, so one peer cannot own the loop."""
+        self.scheduled = False
+        if self.closed:
+            return
         self.out = []
+        more = False
         try:
-            self._parse()
+            more = self._parse()
         except ProtocolError as e:
             self._goaway(e.code, str(e))
         except Exception as e:  # a bug: the connection goes, the server stays
             log.exception("gRPC connection failed")
             self._goaway(INTERNAL_ERROR, f"internal error: {type(e).__name__}")
         out, self.out = self.out, None
-        if out and not self.closed:
+        if self.closed:
+            return
+        if out:
             self.transport.write(b"".join(out))
+        if more:
+            self._pause(_BUSY)
+            self.scheduled = True
+            self.server.soon(self._turn)
+        elif self.paused & _BUSY:
+            self._resume(_BUSY)
+
+    def _pause(self, why: int) -> None:
+        if not self.paused:
+            self.transport.pause_reading()
+        self.paused |= why
+
+    def _resume(self, why: int) -> None:
+        if self.paused & why:
+            self.paused &= ~why
+            if not self.paused and not self.closed:
+                self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         # A peer that does not read its answers stops being read: bounded buffers.
-        self.transport.pause_reading()
+        self._pause(_WRITING)
 
     def resume_writing(self) -> None:
-        if not self.closed:
-            self.transport.resume_reading()
+        self._resume(_WRITING)
 
     # -- output --------------------------------------------------------------------------------
     def _write(self, data: bytes) -> None:
@@ -325,6 +321,14 @@ class _Connection(asyncio.Protocol):
             self.out.append(data)
         elif not self.closed:
             self.transport.write(data)
+
+    def _block(self, block: bytes) -> bytes:
+        """A header block we send, after the table size update the peer is owed, if any."""
+        update = self.table_update
+        if update:
+            self.table_update = b""
+            return update + block
+        return block
 
     def _goaway(self, code: int, why: str) -> None:
         if self.closed:
@@ -344,13 +348,24 @@ class _Connection(asyncio.Protocol):
         stream.reply = None
         self.streams.pop(stream.id, None)
         self.blocked.pop(stream.id, None)
+        stream.pending = None
+        self._release(stream)
 
     def send_error(self, stream: _Stream, code: int, message: str) -> None:
         """A trailers-only response."""
         if stream.done or self.closed:
             return
         self._end(stream)
-        self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, error_block(code, message)))
+        block = self._block(error_block(code, message))
+        self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, block))
+
+    def _refuse(self, stream: _Stream, code: int, message: str) -> None:
+        """A trailers-only error before the request is all in, then RST_STREAM NO_ERROR: the
+        peer stops sending it (RFC 9113 section 8.1)."""
+        if stream.done or self.closed:
+            return
+        self.send_error(stream, code, message)
+        self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
 
     def send_message(self, stream: _Stream, message: bytes) -> None:
         """HEADERS, the message in DATA (as far as the peer's windows allow), trailers."""
@@ -358,26 +373,26 @@ class _Connection(asyncio.Protocol):
             return
         sid = stream.id
         data = _PREFIX.pack(0, len(message)) + message
-        head = frame(HEADERS, END_HEADERS, sid, _OK_HEAD)
-        trailers = frame(HEADERS, END_HEADERS | END_STREAM, sid, _OK_TRAILERS)
+        head = frame(HEADERS, END_HEADERS, sid, self._block(_OK_HEAD))
         n = len(data)
         if n <= self.send_window and n <= stream.window and n <= self.peer_max_frame:
             self.send_window -= n
             self._end(stream)
+            trailers = frame(HEADERS, END_HEADERS | END_STREAM, sid, _OK_TRAILERS)
             self._write(b"".join((head, frame(DATA, 0, sid, data), trailers)))
             return
         self._write(head)
         stream.pending = deque([data])
-        self._flush(stream, trailers)
+        stream.moved = self.server.clock.now()
+        self._flush(stream)
 
-    def _flush(self, stream: _Stream, trailers: bytes | None = None) -> None:
-        """Send what the windows allow of ``stream``'s pending DATA; the trailers when done."""
+    def _flush(self, stream: _Stream) -> None:
+        """Send what the windows allow of ``stream``'s pending DATA; the trailers when done
+        (built then: a table size update may be owed by that time)."""
         pending = stream.pending
         assert pending is not None
-        if trailers is not None:
-            pending.append(trailers)
         out: list[bytes] = []
-        while len(pending) > 1:
+        while pending:
             data = pending[0]
             room = min(self.send_window, stream.window, self.peer_max_frame)
             if room <= 0:
@@ -390,9 +405,12 @@ class _Connection(asyncio.Protocol):
             self.send_window -= len(chunk)
             stream.window -= len(chunk)
             out.append(frame(DATA, 0, stream.id, chunk))
-        if len(pending) == 1:  # only the trailers are left
-            out.append(pending.popleft())
+        if out:
+            stream.moved = self.server.clock.now()
+        if not pending:
             self._end(stream)
+            block = self._block(_OK_TRAILERS)
+            out.append(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, block))
         else:
             self.blocked[stream.id] = stream
         if out:
@@ -404,31 +422,105 @@ class _Connection(asyncio.Protocol):
                 break
             self._flush(stream)
 
+    # -- budgets -------------------------------------------------------------------------------
+    def _count_reset(self) -> None:
+        """One more stream reset (by the peer, or refused by us): rapid reset's budget."""
+        if not self.resets.spend(self.server.clock.now()):
+            limits = self.limits
+            raise ProtocolError(
+                ENHANCE_YOUR_CALM,
+                f"more than {limits.reset_budget} stream resets in {limits.reset_window_s:g} s",
+            )
+
+    def _control_frame(self, what: str) -> None:
+        """A frame that asks work of us but opens no call (PING, SETTINGS, ...)."""
+        if not self.control.spend(self.server.clock.now()):
+            limits = self.limits
+            raise ProtocolError(
+                ENHANCE_YOUR_CALM,
+                f"more than {limits.control_budget} control frames ({what} the last) in "
+                f"{limits.control_window_s:g} s without a call",
+            )
+
+    def _running(self) -> int:
+        """Open streams plus reset ones whose queries may still run: what the stream limit
+        counts."""
+        held = self.held
+        if held:
+            now = self.server.clock.now()
+            while held and held[0] <= now:
+                heapq.heappop(held)
+        return len(self.streams) + len(held)
+
+    def _release(self, stream: _Stream) -> None:
+        """``stream``'s buffered body bytes leave the budgets; the peer may send as many."""
+        n = stream.held
+        if n:
+            stream.held = 0
+            self.server.buffered -= n
+            self._credit(n)
+
+    def _credit(self, n: int) -> None:
+        if n <= 0:
+            return
+        self.credit += n
+        if self.credit >= self.refill_at:
+            self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.credit)))
+            self.recv_left += self.credit
+            self.credit = 0
+
+    def expire(self, now: float) -> None:
+        """The sweep's check of each stream: a request whose body is late is answered
+        DEADLINE_EXCEEDED and reset; an answer the peer's window has held too long is reset."""
+        limits = self.limits
+        for stream in list(self.streams.values()):
+            if not stream.complete and now - stream.opened >= limits.body_timeout_s:
+                self._refuse(
+                    stream, 4,
+                    f"the request message was not complete within {limits.body_timeout_s:g} s "
+                    "of its headers (body_timeout_s)",
+                )  # fmt: skip
+            elif stream.pending is not None and now - stream.moved >= limits.send_timeout_s:
+                # Our answer waited that long for the peer's window: give it up.
+                self._reset(stream, CANCEL)
+
     # -- input ---------------------------------------------------------------------------------
-    def _parse(self) -> None:
+    def _parse(self) -> bool:
+        """Handle the whole frames buffered, up to the turn's share; whether frames are left."""
         buf = self.buf
         pos = 0
         if not self.preface:
             if len(buf) < len(PREFACE):
                 if not PREFACE.startswith(bytes(buf)):
                     raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                return
+                return False
             if buf[: len(PREFACE)] != PREFACE:
                 raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             self.preface = True
             pos = len(PREFACE)
         end = len(buf)
-        while end - pos >= 9 and not self.closed:
-            hi, lo, kind, flags, sid = _HEAD.unpack_from(buf, pos)
-            length = (hi << 16) | lo
-            if length > MAX_FRAME:
-                raise ProtocolError(FRAME_SIZE_ERROR, f"a {length}-byte frame")
-            if end - pos < 9 + length:
-                break
-            payload = bytes(buf[pos + 9 : pos + 9 + length])
-            pos += 9 + length
-            self._frame(kind, flags, sid & 0x7FFFFFFF, payload)
-        del buf[:pos]
+        limits = self.limits
+        frames_left = limits.max_frames_per_turn
+        bytes_end = pos + limits.max_bytes_per_turn
+        more = False
+        try:
+            while end - pos >= 9 and not self.closed:
+                if not frames_left or pos >= bytes_end:
+                    more = True
+                    break
+                hi, lo, kind, flags, sid = _HEAD.unpack_from(buf, pos)
+                length = (hi << 16) | lo
+                if length > MAX_FRAME:
+                    raise ProtocolError(FRAME_SIZE_ERROR, f"a {length}-byte frame")
+                if end - pos < 9 + length:
+                    break
+                payload = bytes(buf[pos + 9 : pos + 9 + length])
+                pos += 9 + length
+                frames_left -= 1
+                self._frame(kind, flags, sid & 0x7FFFFFFF, payload)
+        finally:
+            del buf[:pos]
+        return more
 
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
         if self.block is not None and kind != CONTINUATION:
@@ -438,39 +530,17 @@ class _Connection(asyncio.Protocol):
         elif kind == HEADERS:
             self._headers(flags, sid, payload)
         elif kind == CONTINUATION:
-            if self.block is None or sid != self.block_stream:
-                raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
-            self.block += payload
-            if len(self.block) > MAX_HEADER_BLOCK:
-                raise ProtocolError(PROTOCOL_ERROR, "header block too large")
-            if flags & END_HEADERS:
-                block, self.block = bytes(self.block), None
-                self._header_block(self.block_stream, self.block_flags, block)
+            self._continuation(flags, sid, payload)
         elif kind == SETTINGS:
             self._settings(flags, sid, payload)
         elif kind == WINDOW_UPDATE:
-            if len(payload) != 4:
-                raise ProtocolError(FRAME_SIZE_ERROR, "WINDOW_UPDATE is 4 bytes")
-            inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
-            if sid == 0:
-                if inc == 0:
-                    raise ProtocolError(PROTOCOL_ERROR, "zero WINDOW_UPDATE")
-                self.send_window += inc
-                if self.send_window > MAX_WINDOW:
-                    raise ProtocolError(FLOW_CONTROL_ERROR, "connection window overflow")
-            else:
-                stream = self.streams.get(sid)
-                if stream is not None:
-                    stream.window += inc
-                    if inc == 0 or stream.window > MAX_WINDOW:
-                        self._reset(stream, PROTOCOL_ERROR if inc == 0 else FLOW_CONTROL_ERROR)
-            if self.blocked:
-                self._unblock()
+            self._window_update(sid, payload)
         elif kind == PING:
             if len(payload) != 8:
                 raise ProtocolError(FRAME_SIZE_ERROR, "PING is 8 bytes")
             if sid != 0:
                 raise ProtocolError(PROTOCOL_ERROR, "PING on a stream")
+            self._control_frame("PING")  # we never ping: an ACK is as unasked as a PING
             if not flags & ACK:
                 self._write(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
@@ -478,10 +548,10 @@ class _Connection(asyncio.Protocol):
                 raise ProtocolError(FRAME_SIZE_ERROR, "RST_STREAM is 4 bytes")
             if sid == 0:
                 raise ProtocolError(PROTOCOL_ERROR, "RST_STREAM on stream 0")
+            self._count_reset()
             stream = self.streams.get(sid)
             if stream is not None:
-                self._cancelled(stream)
-                self._end(stream)
+                self._dropped(stream)
         elif kind == GOAWAY:
             if sid != 0 or len(payload) < 8:
                 raise ProtocolError(PROTOCOL_ERROR, "malformed GOAWAY")
@@ -491,9 +561,62 @@ class _Connection(asyncio.Protocol):
                 raise ProtocolError(FRAME_SIZE_ERROR, "PRIORITY is 5 bytes")
             if sid == 0:
                 raise ProtocolError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+            self._control_frame("PRIORITY")
         elif kind == PUSH_PROMISE:
             raise ProtocolError(PROTOCOL_ERROR, "a client sent PUSH_PROMISE")
-        # Unknown frame types are ignored (RFC 9113 section 4.1).
+        else:  # unknown frame types are ignored (RFC 9113 section 4.1), but not for free
+            self._control_frame(f"type {kind}")
+
+    def _dropped(self, stream: _Stream) -> None:
+        """The peer reset ``stream``: its query is abandoned, but keeps its place among the
+        connection's streams until its deadline (at most reset_hold_max_s): resets cannot
+        start more queries than the stream limit."""
+        reply = stream.reply
+        hold = 0.0
+        if reply is not None and isinstance(reply, _NativeReply):
+            hold = min(reply.hold_s(), self.limits.reset_hold_max_s)
+        self._cancelled(stream)
+        self._end(stream)
+        if hold > 0:
+            heapq.heappush(self.held, self.server.clock.now() + hold)
+
+    def _window_update(self, sid: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolError(FRAME_SIZE_ERROR, "WINDOW_UPDATE is 4 bytes")
+        inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if sid == 0:
+            if inc == 0:
+                raise ProtocolError(PROTOCOL_ERROR, "zero WINDOW_UPDATE")
+            self.send_window += inc
+            if self.send_window > MAX_WINDOW:
+                raise ProtocolError(FLOW_CONTROL_ERROR, "connection window overflow")
+        else:
+            stream = self.streams.get(sid)
+            if stream is not None:
+                stream.window += inc
+                if inc == 0 or stream.window > MAX_WINDOW:
+                    self._reset(stream, PROTOCOL_ERROR if inc == 0 else FLOW_CONTROL_ERROR)
+        if self.blocked:
+            self._unblock()
+
+    def _continuation(self, flags: int, sid: int, payload: bytes) -> None:
+        if self.block is None or sid != self.block_stream:
+            raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+        limits = self.limits
+        self.block_frames += 1
+        if self.block_frames > limits.max_continuations:  # empty ones count: the 2024 flood
+            raise ProtocolError(
+                ENHANCE_YOUR_CALM,
+                f"more than {limits.max_continuations} CONTINUATION frames in a header block",
+            )
+        self.block += payload
+        if len(self.block) > limits.max_header_block:
+            raise ProtocolError(
+                ENHANCE_YOUR_CALM, f"a header block over {limits.max_header_block} bytes"
+            )
+        if flags & END_HEADERS:
+            block, self.block = bytes(self.block), None
+            self._header_block(self.block_stream, self.block_flags, block)
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid != 0:
@@ -504,6 +627,7 @@ class _Connection(asyncio.Protocol):
             return
         if len(payload) % 6:
             raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
+        self._control_frame("SETTINGS")
         for i in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, i)
             if key == 0x4:
@@ -518,18 +642,22 @@ class _Connection(asyncio.Protocol):
                 self.peer_max_frame = value
             elif key == 0x2 and value > 1:
                 raise ProtocolError(PROTOCOL_ERROR, "ENABLE_PUSH must be 0 or 1")
+            elif key == 0x1 and value < self.enc_table:
+                # The peer's decoder shrinks its table: our next block starts by saying we
+                # use no more (RFC 7541 section 4.2). We only ever shrink it, so the last size
+                # we announce is also the smallest.
+                self.enc_table = value
+                self.table_update = table_size_update(value)
         self._write(frame(SETTINGS, ACK, 0))
         if self.blocked:
             self._unblock()
 
     def _consume(self, n: int, stream: _Stream | None) -> None:
-        """Flow control of request bytes: refill both windows once half is used."""
-        self.recv += n
-        if self.recv > WINDOW:  # more than we allowed
+        """Flow control of request bytes on arrival: the connection window is given back only
+        as bodies are dispatched or dropped (:meth:`_release`); a stream's, once half used."""
+        self.recv_left -= n
+        if self.recv_left < 0:  # more than we allowed
             raise ProtocolError(FLOW_CONTROL_ERROR, "the peer overran our window")
-        if self.recv >= WINDOW // 2:
-            self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv)))
-            self.recv = 0
         if stream is not None:
             stream.recv += n
             if stream.recv >= WINDOW // 2:
@@ -548,19 +676,37 @@ class _Connection(asyncio.Protocol):
         if sid == 0:
             raise ProtocolError(PROTOCOL_ERROR, "DATA on stream 0")
         stream = self.streams.get(sid)
+        if stream is not None and stream.complete:
+            stream = None  # DATA after END_STREAM: dropped
         self._consume(len(payload), stream)
         if stream is None:
             if sid > self.last_id:
                 raise ProtocolError(PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # a stream we answered or reset: its late data is dropped
-        stream.body += self._unpad(flags, payload)
-        if len(stream.body) > self.server.max_message_bytes + 5:
-            self.send_error(
+            self._credit(len(payload))  # a stream we answered or reset: nothing is kept
+            return
+        data = self._unpad(flags, payload)
+        self._credit(len(payload) - len(data))  # padding is not kept either
+        if not data and not flags & END_STREAM:
+            self._control_frame("empty DATA")
+        server = self.server
+        n = len(data)
+        if n and server.buffered + n > self.limits.buffered_bytes:
+            self._credit(n)
+            self._refuse(
+                stream, 8,  # RESOURCE_EXHAUSTED
+                f"the server holds its limit of {self.limits.buffered_bytes} buffered request "
+                "bytes (grpc_max_buffered_bytes): retry later",
+            )  # fmt: skip
+            return
+        stream.body += data
+        stream.held += n
+        server.buffered += n
+        if len(stream.body) > server.max_message_bytes + 5:
+            self._refuse(
                 stream,
                 8,  # RESOURCE_EXHAUSTED, as grpcio answers an oversized message
-                f"request message exceeds the limit of {self.server.max_message_bytes} bytes",
+                f"request message exceeds the limit of {server.max_message_bytes} bytes",
             )
-            self._write(frame(RST_STREAM, 0, sid, _U32.pack(NO_ERROR)))
             return
         if flags & END_STREAM:
             self._dispatch(stream)
@@ -579,16 +725,36 @@ class _Connection(asyncio.Protocol):
             self.block = bytearray(block)
             self.block_stream = sid
             self.block_flags = flags
+            self.block_frames = 0
+
+    def _decode(self, block: bytes) -> tuple[bytes, bytes]:
+        """``(:path, content-type)``; the time a large block takes is charged to the budget."""
+        big = len(block) > CACHE_BLOCK_BYTES  # small blocks cost little and are cached
+        clock = self.server.clock
+        started = clock.now() if big else 0.0
+        try:
+            got = self.cache.decode(block)
+        except HeaderLimitError as e:
+            raise ProtocolError(ENHANCE_YOUR_CALM, str(e)) from e
+        except hpack.HPACKError as e:
+            raise ProtocolError(COMPRESSION_ERROR, f"HPACK: {e}") from e
+        if big:
+            now = clock.now()
+            if not self.decoding.spend(now, now - started):
+                limits = self.limits
+                raise ProtocolError(
+                    ENHANCE_YOUR_CALM,
+                    f"header blocks took over {limits.decode_budget_s:g} s to decode in "
+                    f"{limits.decode_window_s:g} s",
+                )
+        return got
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> None:
         # Every block is decoded, even one we refuse: the decoder's table must stay in step.
-        try:
-            path, ctype = self.cache.decode(block)
-        except hpack.HPACKError as e:
-            raise ProtocolError(COMPRESSION_ERROR, f"HPACK: {e}") from e
+        path, ctype = self._decode(block)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client end its request
-            if flags & END_STREAM:
+            if flags & END_STREAM and not stream.complete:
                 self._dispatch(stream)
             return
         if sid % 2 == 0 or sid <= self.last_id:
@@ -596,10 +762,15 @@ class _Connection(asyncio.Protocol):
                 return  # trailers of a stream we already answered
             raise ProtocolError(PROTOCOL_ERROR, f"HEADERS opening stream {sid}")
         self.last_id = sid
-        if self.goaway or len(self.streams) >= MAX_STREAMS:
+        if self.goaway:
             self._write(frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
             return
-        stream = _Stream(sid, self.peer_initial)
+        if self._running() >= self.limits.max_streams:
+            self._count_reset()  # refusals count as resets: opening only to be refused is abuse
+            self._write(frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
+            return
+        self.control.refill()  # a call: the control frames before it were not a flood
+        stream = _Stream(sid, self.peer_initial, self.server.clock.now())
         stream.path = path
         stream.ctype = ctype
         self.streams[sid] = stream
@@ -608,11 +779,13 @@ class _Connection(asyncio.Protocol):
 
     # -- calls ---------------------------------------------------------------------------------
     def _dispatch(self, stream: _Stream) -> None:
+        stream.complete = True
+        body = stream.body
+        stream.body = bytearray()
+        self._release(stream)  # what the call holds from here on is the query's, not ours
         if not stream.ctype.startswith(b"application/grpc"):
             self.send_error(stream, 13, "content-type must be application/grpc")
             return
-        body = stream.body
-        stream.body = bytearray()
         if len(body) < 5:
             self.send_error(stream, 13, "a gRPC request carries one length-prefixed message")
             return
@@ -640,10 +813,12 @@ class _Connection(asyncio.Protocol):
             return
         task = asyncio.ensure_future(call(request, _CONTEXT))
         self.server.tasks.add(task)
+        stream.task = task
         task.add_done_callback(lambda t: self._finish(stream, t))
 
     def _finish(self, stream: _Stream, task: asyncio.Task[Any]) -> None:
         self.server.tasks.discard(task)
+        stream.task = None
         if task.cancelled():
             self.send_error(stream, 1, "cancelled")
             return
@@ -677,10 +852,16 @@ class _Connection(asyncio.Protocol):
         self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
 
 
+def _call_soon(callback: Callable[[], None]) -> object:
+    return asyncio.get_running_loop().call_soon(callback)
+
+
 class NativeGrpcServer:
     """The V2 gRPC service on the event loop, over a frontend's query services, on
     ``host:port`` (port 0 picks a free port; :attr:`port` is the bound one after :meth:`start`).
-    ``max_message_bytes`` bounds a request message (the frontend's max_body_bytes)."""
+    ``max_message_bytes`` bounds a request message (the frontend's max_body_bytes);
+    ``limits`` are the per-peer limits (:class:`~clipper.frontend.grpc.h2_limits.H2Limits`),
+    of which ``body_timeout_s`` and ``max_buffered_bytes`` are the frontend's settings."""
 
     def __init__(
         self,
@@ -693,12 +874,27 @@ class NativeGrpcServer:
         max_connections: int = 10_000,
         preface_timeout_s: float = 10.0,
         idle_timeout_s: float = 300.0,
+        body_timeout_s: float | None = None,
+        max_buffered_bytes: int | None = None,
+        limits: H2Limits | None = None,
     ) -> None:
         self.svc = svc
         self.host = host
         self.port = port
         self.max_message_bytes = max_message_bytes
         self.clock: Clock = clock or MonotonicClock()
+        limits = limits or H2Limits()
+        if body_timeout_s is not None:
+            limits = replace(limits, body_timeout_s=body_timeout_s)
+        if max_buffered_bytes is not None:
+            limits = replace(limits, buffered_bytes=max_buffered_bytes)
+        if limits.connection_window < max_message_bytes + 5:
+            # Refilled only as calls are dispatched: the window must hold the largest message.
+            limits = replace(limits, connection_window=min(max_message_bytes + 5, MAX_WINDOW))
+        self.limits = limits
+        self.buffered = 0  # request body bytes held by all connections (limits.buffered_bytes)
+        # How a connection that used its share of a loop turn asks for the next one.
+        self.soon: Callable[[Callable[[], None]], object] = _call_soon
         # Connection hygiene, as on the HTTP ports: a connection limit (refused with GOAWAY
         # ENHANCE_YOUR_CALM), a deadline for the connection preface (a silent or slow client
         # is closed) and an idle limit (no stream open for that long: GOAWAY, then close;
@@ -736,7 +932,12 @@ class NativeGrpcServer:
     def _arm_sweep(self) -> None:
         # One timer for all connections, not one per connection: the hot path stays free of
         # timer handling, and a sweep costs O(connections) a few times per timeout.
-        period = max(min(self.preface_timeout_s, self.idle_timeout_s) / 4, 0.01)
+        limits = self.limits
+        period = min(
+            self.preface_timeout_s, self.idle_timeout_s, limits.body_timeout_s,
+            limits.send_timeout_s,
+        )  # fmt: skip
+        period = max(period / 4, 0.01)
         self._sweeper = self.clock.call_later(period, self._sweep)
 
     def _sweep(self) -> None:
@@ -749,6 +950,8 @@ class NativeGrpcServer:
                 conn.transport.close()  # never spoke HTTP/2: nothing to say to it
             elif not conn.streams and now - conn.last_active >= self.idle_timeout_s:
                 conn._goaway(NO_ERROR, "idle")
+            elif conn.streams:
+                conn.expire(now)
         self._arm_sweep()
 
     def begin_drain(self) -> None:
