@@ -61,6 +61,9 @@ class _Transport:
     def close(self) -> None:
         self.closed = True
 
+    def can_write_eof(self) -> bool:
+        return False  # so a GOAWAY closes at once
+
     def pause_reading(self) -> None:
         assert not self.paused
         self.paused = True
@@ -312,6 +315,9 @@ class _Listener:
 
     def close(self) -> None:
         self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return False  # so a GOAWAY closes at once
 
     async def wait_closed(self) -> None:
         pass

@@ -23,6 +23,7 @@ __all__ = [
     "CONTROL_WINDOW_S",
     "DECODE_BUDGET_S",
     "DECODE_WINDOW_S",
+    "GOAWAY_LINGER_S",
     "MAX_BYTES_PER_TURN",
     "MAX_CONTINUATIONS",
     "MAX_FRAMES_PER_TURN",
@@ -66,6 +67,8 @@ BUFFERED_BYTES = 128 * 2**20
 # window holds back is given up this long after it last moved.
 BODY_TIMEOUT_S = 30.0
 SEND_TIMEOUT_S = 30.0
+# After a GOAWAY we half-close and discard what the peer still sends for this long, then close.
+GOAWAY_LINGER_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)

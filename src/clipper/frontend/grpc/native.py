@@ -34,7 +34,7 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from clipper.clock import Clock, MonotonicClock, TimerHandle, sleep
 from clipper.errors import ClipperError, RequestError
 from clipper.frontend.grpc import inference_pb2 as pb
-from clipper.frontend.grpc.h2_limits import H2Limits, WindowBudget
+from clipper.frontend.grpc.h2_limits import GOAWAY_LINGER_S, H2Limits, WindowBudget
 from clipper.frontend.grpc.hpack_blocks import (
     CACHE_BLOCK_BYTES,
     MAX_HEADER_LIST,
@@ -204,6 +204,7 @@ class _Connection(asyncio.Protocol):
         self.out: list[bytes] | None = None  # writes gathered while a read is parsed
         self.closed = False
         self.goaway = False
+        self.linger: TimerHandle | None = None  # the close after a GOAWAY's half-close
         self.opened = self.last_active = now
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -238,6 +239,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.linger is not None:
+            self.linger.cancel()
+            self.linger = None
         self.server.connections.discard(self)
         streams = list(self.streams.values())
         self.streams.clear()
@@ -339,9 +343,16 @@ class _Connection(asyncio.Protocol):
             GOAWAY, 0, 0, _U32.pack(self.last_id) + _U32.pack(code) + why.encode()[:256]
         )
         self.out = None
-        self.transport.write(out)
-        self.transport.close()
-        self.closed = True
+        transport = self.transport
+        transport.write(out)
+        self.closed = True  # what the peer still sends is discarded unread
+        if transport.can_write_eof():
+            # Half-close and linger: closing with the peer's bytes unread would reset the
+            # connection, and a peer still sending (a flood) would never see why it ended.
+            transport.write_eof()
+            self.linger = self.server.clock.call_later(GOAWAY_LINGER_S, transport.close)
+        else:
+            transport.close()
 
     def _end(self, stream: _Stream) -> None:
         stream.done = True
