@@ -728,3 +728,17 @@ def test_limits_are_checked() -> None:
     # The connection window always holds the largest message a call may carry.
     server = NativeGrpcServer(cast(Any, None), host="h", port=0, max_message_bytes=20 * 2**20)
     assert server.limits.connection_window == 20 * 2**20 + 5
+
+
+def test_a_goaway_half_closes_and_lingers_before_the_close() -> None:
+    clock = FakeClock(start=0.0)
+    conn, transport = _connection(clock=clock)
+    eof = []
+    transport.can_write_eof = lambda: True  # type: ignore[method-assign]
+    transport.write_eof = lambda: eof.append(1)  # type: ignore[attr-defined]
+    conn.data_received(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 20)
+    assert native.GOAWAY in _kinds(transport.take())
+    assert eof == [1] and transport.paused and not transport.closed  # the peer can read why
+    conn.data_received(b"more")  # discarded
+    clock.advance(native.GOAWAY_LINGER_S)
+    assert transport.closed and not transport.data

@@ -78,7 +78,7 @@ WINDOW = 16 * 2**20  # each stream's receive window: a request of up to 16 MiB n
 MAX_WINDOW = 2**31 - 1
 _HPACK_TABLE = 4096  # the dynamic table size both sides start with (RFC 7541)
 # Why reading is paused (Connection.paused): the peer does not read, or it used its turn.
-_WRITING, _BUSY = 0x1, 0x2
+_WRITING, _BUSY, _CLOSING = 0x1, 0x2, 0x4
 
 _HEAD = struct.Struct(">BHBBI")  # 24-bit length as a byte and a short, type, flags, stream id
 _U32 = struct.Struct(">I")
@@ -199,7 +199,7 @@ class _Connection(asyncio.Protocol):
         self.held: list[float] = []  # heap: until when each reset call's query may still run
         self.enc_table = _HPACK_TABLE  # the dynamic table size our (index-free) encoder uses
         self.table_update = b""  # a size update owed at the start of our next header block
-        self.paused = 0  # why reading is paused (_WRITING, _BUSY)
+        self.paused = 0  # why reading is paused (_WRITING, _BUSY, _CLOSING)
         self.scheduled = False  # a later turn will parse what is buffered
         self.out: list[bytes] | None = None  # writes gathered while a read is parsed
         self.closed = False
@@ -349,6 +349,8 @@ class _Connection(asyncio.Protocol):
         if transport.can_write_eof():
             # Half-close and linger: closing with the peer's bytes unread would reset the
             # connection, and a peer still sending (a flood) would never see why it ended.
+            # Reading stops: a flood then fills its own socket buffer, not our loop.
+            self._pause(_CLOSING)
             transport.write_eof()
             self.linger = self.server.clock.call_later(GOAWAY_LINGER_S, transport.close)
         else:
