@@ -346,6 +346,13 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         transport.write(out)
         self.closed = True  # what the peer still sends is discarded unread
+        # What it buffered goes now, not when the linger ends: a flood of short-lived
+        # connections must not hold a second's worth of them.
+        self.buf = bytearray()
+        self.block = None
+        for stream in self.streams.values():
+            stream.body = bytearray()
+            self._release(stream)
         if transport.can_write_eof():
             # Half-close and linger: closing with the peer's bytes unread would reset the
             # connection, and a peer still sending (a flood) would never see why it ended.
