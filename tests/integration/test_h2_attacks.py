@@ -100,7 +100,7 @@ def _infer_message(x: float) -> bytes:
     request = pb.ModelInferRequest(model_name=APP)
     request.inputs.add(name="input", datatype="FP64", shape=[1, 2])
     request.raw_input_contents.append(struct.pack("<2d", x, 0.5))
-    message = request.SerializeToString()
+    message: bytes = request.SerializeToString()
     return struct.pack(">BI", 0, len(message)) + message
 
 
