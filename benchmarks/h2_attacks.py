@@ -12,8 +12,9 @@ Prints per attack: probes answered by the model (not a default) and their p50/p9
 the frontend's RSS growth, and what the attacker saw (connections, GOAWAY codes).
 
 ``--micro`` instead times, in this process, what parsing and answering a request costs our
-transport (``native._Connection``) and the ``h2`` library (``H2Connection`` and its ``hpack``),
-on the same bytes: HEADERS + DATA of a call to an unknown method, answered trailers-only.
+transport (``h2_connection.Connection``) and the ``h2`` library (``H2Connection`` and its
+``hpack``), on the same bytes: HEADERS + DATA of a call to an unknown method, answered
+trailers-only.
 """
 
 from __future__ import annotations
@@ -400,7 +401,7 @@ def micro(n: int) -> None:
     import h2.events
     import h2.settings
 
-    from clipper.frontend.grpc import native
+    from clipper.frontend.grpc import h2_connection, native
 
     block = header_block(
         [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/x/Unknown"),
@@ -434,7 +435,7 @@ def micro(n: int) -> None:
         server = native.NativeGrpcServer(cast(Any, None), host="h", port=0)
         later: list[Any] = []
         server.soon = later.append
-        conn = native._Connection(server)
+        conn = h2_connection.Connection(server)
         conn.connection_made(cast(Any, Sink()))
         t0 = time.perf_counter()
         conn.data_received(PREFACE + frame(SETTINGS, 0, 0))

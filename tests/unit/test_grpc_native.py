@@ -18,7 +18,7 @@ import hpack
 import pytest
 
 from clipper.clock import FakeClock
-from clipper.frontend.grpc import native
+from clipper.frontend.grpc import h2_connection, native
 from clipper.frontend.grpc.h2_limits import GOAWAY_LINGER_S, H2Limits
 from clipper.frontend.grpc.hpack_blocks import (
     CACHE_BLOCK_BYTES,
@@ -81,7 +81,7 @@ class _Transport:
 def _connection(**kw: Any) -> tuple[Any, _Transport]:
     kw.setdefault("max_message_bytes", 1024)
     server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, **kw)
-    conn = native._Connection(server)
+    conn = h2_connection.Connection(server)
     transport = _Transport()
     conn.connection_made(cast(Any, transport))
     return conn, transport
@@ -327,7 +327,7 @@ def _serving(clock: FakeClock) -> tuple[NativeGrpcServer, Any, _Transport]:
     """A server as start() leaves it (no socket), with one connection and a call in flight."""
     server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, clock=clock)
     server._server = cast(Any, _Listener())
-    conn = native._Connection(server)
+    conn = h2_connection.Connection(server)
     transport = _Transport()
     conn.connection_made(cast(Any, transport))
     client = _client()
@@ -375,7 +375,7 @@ async def test_stop_returns_at_the_next_poll_once_the_calls_are_done() -> None:
 async def test_a_drain_refuses_new_calls_and_answers_open_ones() -> None:
     server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, clock=FakeClock())
     server._server = cast(Any, _Listener())
-    conn = native._Connection(server)
+    conn = h2_connection.Connection(server)
     transport = _Transport()
     conn.connection_made(cast(Any, transport))
     client = _client()
@@ -460,7 +460,7 @@ def test_a_reset_calls_query_keeps_its_stream_slot_until_its_deadline() -> None:
     conn, transport = _connection(clock=clock, limits=H2Limits(max_streams=1))
     conn.data_received(PREFACE + _settings_frame() + _open(1))
     stream = conn.streams[1]
-    reply = native._NativeReply(conn, stream)
+    reply = h2_connection.NativeReply(conn, stream)
     reply.app = cast(Any, type("App", (), {"slo_s": 0.5})())  # its query may run 0.5 s
     stream.reply = reply
     transport.take()
