@@ -184,6 +184,14 @@ class FrontendConfig:
         default=300.0,
         metadata=cli("seconds a gRPC connection with no call open stays open (native transport)"),
     )
+    # Request bodies the native gRPC transport holds for all connections together (each
+    # connection holds at most its 16 MiB window); docs/security.md, "HTTP/2 (the gRPC port)".
+    grpc_max_buffered_bytes: int = field(
+        default=128 * 2**20,
+        metadata=cli(
+            "gRPC request bytes buffered over all connections; beyond: RESOURCE_EXHAUSTED"
+        ),
+    )
     # A stop (SIGTERM, `clipper stop`, Clipper.stop()) is a drain: readiness withdrawn, no new
     # connection accepted, every request already read answered, then the ports close. This
     # bounds it: what is still unanswered then gets 503 (gRPC UNAVAILABLE). Kubernetes' default
@@ -326,6 +334,11 @@ class FrontendConfig:
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.grpc_max_buffered_bytes < self.max_body_bytes:
+            raise ConfigError(
+                "grpc_max_buffered_bytes must hold at least one request (max_body_bytes "
+                f"{self.max_body_bytes}), got {self.grpc_max_buffered_bytes}"
+            )
         if self.max_header_line_bytes > self.max_header_bytes:
             raise ConfigError("max_header_line_bytes must not exceed max_header_bytes")
         if self.admin_reserve_connections < 0:

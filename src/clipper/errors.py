@@ -40,7 +40,10 @@ module to keep it so). Classes defined beside their only raiser name their modul
     ├── ArtifactUnavailable    a container's artifact fetch stopped, or none to fetch
     │                          [container.fetch]
     ├── _NoAnswer              the frontend did not answer a fetch in time [container.fetch]
-    ├── ProtocolError          an HTTP/2 connection error, answered by GOAWAY [frontend.grpc.native]
+    ├── ProtocolError          an HTTP/2 connection error, answered by GOAWAY
+    │                          [frontend.grpc.h2_frames]
+    ├── HeaderLimitError       an HTTP/2 header block over a limit: GOAWAY ENHANCE_YOUR_CALM
+    │                          [frontend.grpc.hpack_blocks]
     ├── _Abort                 a V2 gRPC method's abort(): a trailers-only error
     │                          [frontend.grpc.native]
     └── WireError              a message that does not follow the RPC framing

@@ -263,6 +263,8 @@ class Clipper:
                     max_connections=config.max_connections,
                     preface_timeout_s=config.header_timeout_s,
                     idle_timeout_s=config.grpc_idle_timeout_s,
+                    body_timeout_s=config.body_timeout_s,
+                    max_buffered_bytes=config.grpc_max_buffered_bytes,
                 )  # fmt: skip
             else:
                 self.grpc = GRPC_TRANSPORTS.load("grpcio")(

@@ -4,7 +4,9 @@ many concurrent calls on one HTTP/2 connection, each answered correctly."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import struct
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -49,6 +51,59 @@ async def test_a_thousand_concurrent_calls_are_answered_correctly() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.ModelReady(pb.ModelReadyRequest(name="nope"))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+# -- HPACK: a peer whose dynamic table is 0 bytes ---------------------------------------------
+
+
+async def _run(*cmd: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    async with asyncio.timeout(60):
+        out, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")
+
+
+async def test_h2load_and_nghttp_with_a_zero_header_table_get_every_answer(
+    tmp_path: Path,
+) -> None:
+    """nghttp2's clients with ``--header-table-size=0`` insist on the dynamic table size update
+    (RFC 7541 section 4.2) at the start of our first header block: without it, every call
+    failed with COMPRESSION_ERROR."""
+    missing = [tool for tool in ("h2load", "nghttp") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(
+            f"{' and '.join(missing)} not installed (Debian: apt-get install nghttp2-client)"
+        )
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, grpc_port=0, grpc_transport="native"
+    ) as c:
+        await c.deploy_model("sums", "1", models.row_sums, input_type="doubles")
+        await c.register_application("doubles", "doubles", "-1.0", 10_000_000)
+        await c.link_model_to_app("doubles", "sums")
+        assert c.grpc is not None
+        request = pb.ModelInferRequest(model_name="doubles")
+        request.inputs.add(name="input", datatype="FP64", shape=[1, 2])
+        request.raw_input_contents.append(struct.pack("<2d", 1.0, 0.5))
+        message = request.SerializeToString()
+        body = tmp_path / "infer.bin"
+        body.write_bytes(struct.pack(">BI", 0, len(message)) + message)
+        url = f"http://127.0.0.1:{c.grpc.port}/inference.GRPCInferenceService/ModelInfer"
+        grpc_headers = ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+        rc, out = await _run(
+            "h2load", "-n", "400", "-c", "2", "-m", "10", "--header-table-size=0",
+            *grpc_headers, "-d", str(body), url,
+        )  # fmt: skip
+        assert rc == 0, out
+        assert "400 succeeded, 0 failed, 0 errored" in out, out
+        assert "status codes: 400 2xx" in out, out
+        rc, out = await _run(
+            "nghttp", "-v", "--header-table-size=0", *grpc_headers, "-d", str(body), url
+        )
+        assert rc == 0, out
+        assert "grpc-status: 0" in out and "COMPRESSION_ERROR" not in out, out
 
 
 # -- connection hygiene on the gRPC port -----------------------------------------------------

@@ -18,7 +18,14 @@ import hpack
 import pytest
 
 from clipper.clock import FakeClock
-from clipper.frontend.grpc import native
+from clipper.frontend.grpc import h2_connection, native
+from clipper.frontend.grpc.h2_limits import GOAWAY_LINGER_S, H2Limits
+from clipper.frontend.grpc.hpack_blocks import (
+    CACHE_BLOCK_BYTES,
+    CACHE_BYTES,
+    MAX_HEADERS,
+    count_headers,
+)
 from clipper.frontend.grpc.native import (
     COMPRESSION_ERROR,
     FRAME_SIZE_ERROR,
@@ -45,6 +52,7 @@ class _Transport:
     def __init__(self) -> None:
         self.data = bytearray()
         self.closed = False
+        self.paused = False
 
     def write(self, data: bytes) -> None:
         assert not self.closed
@@ -53,11 +61,16 @@ class _Transport:
     def close(self) -> None:
         self.closed = True
 
+    def can_write_eof(self) -> bool:
+        return False  # so a GOAWAY closes at once
+
     def pause_reading(self) -> None:
-        pass
+        assert not self.paused
+        self.paused = True
 
     def resume_reading(self) -> None:
-        pass
+        assert self.paused
+        self.paused = False
 
     def take(self) -> bytes:
         out = bytes(self.data)
@@ -65,9 +78,10 @@ class _Transport:
         return out
 
 
-def _connection() -> tuple[Any, _Transport]:
-    server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, max_message_bytes=1024)
-    conn = native._Connection(server)
+def _connection(**kw: Any) -> tuple[Any, _Transport]:
+    kw.setdefault("max_message_bytes", 1024)
+    server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, **kw)
+    conn = h2_connection.Connection(server)
     transport = _Transport()
     conn.connection_made(cast(Any, transport))
     return conn, transport
@@ -202,7 +216,7 @@ def test_an_endless_header_block_is_cut_off() -> None:
     chunk = frame(native.CONTINUATION, 0, 1, b"\x00" * 16_000)
     for _ in range(5):
         conn.data_received(chunk)
-    assert _goaway_code(transport) == PROTOCOL_ERROR
+    assert _goaway_code(transport) == native.ENHANCE_YOUR_CALM
 
 
 def test_ping_is_acked_and_priority_ignored() -> None:
@@ -302,6 +316,9 @@ class _Listener:
     def close(self) -> None:
         self.closed = True
 
+    def can_write_eof(self) -> bool:
+        return False  # so a GOAWAY closes at once
+
     async def wait_closed(self) -> None:
         pass
 
@@ -310,7 +327,7 @@ def _serving(clock: FakeClock) -> tuple[NativeGrpcServer, Any, _Transport]:
     """A server as start() leaves it (no socket), with one connection and a call in flight."""
     server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, clock=clock)
     server._server = cast(Any, _Listener())
-    conn = native._Connection(server)
+    conn = h2_connection.Connection(server)
     transport = _Transport()
     conn.connection_made(cast(Any, transport))
     client = _client()
@@ -358,7 +375,7 @@ async def test_stop_returns_at_the_next_poll_once_the_calls_are_done() -> None:
 async def test_a_drain_refuses_new_calls_and_answers_open_ones() -> None:
     server = NativeGrpcServer(cast(Any, None), host="127.0.0.1", port=0, clock=FakeClock())
     server._server = cast(Any, _Listener())
-    conn = native._Connection(server)
+    conn = h2_connection.Connection(server)
     transport = _Transport()
     conn.connection_made(cast(Any, transport))
     client = _client()
@@ -395,3 +412,333 @@ async def test_abandon_answers_an_open_call_unavailable() -> None:
     headers = dict(hpack.Decoder().decode(block, raw=True))
     assert headers[b"grpc-status"] == b"14"
     assert headers[b"grpc-message"] == b"the drain ended: retry it"
+
+
+# -- hostile peers: the budgets of h2_limits, on a fake clock -------------------------------------
+_UNKNOWN = [(k, v) if k != ":path" else (k, "/nope/Nope") for k, v in GRPC_HEADERS]
+
+
+def _request_block() -> bytes:
+    """A request header block that changes no table: the same bytes decode the same."""
+    return header_block([(n.encode(), v.encode()) for n, v in GRPC_HEADERS])
+
+
+def _open(sid: int, end: bool = False) -> bytes:
+    flags = native.END_HEADERS | (native.END_STREAM if end else 0)
+    return frame(native.HEADERS, flags, sid, _request_block())
+
+
+def _rst(sid: int) -> bytes:
+    return frame(native.RST_STREAM, 0, sid, struct.pack(">I", native.CANCEL))
+
+
+def _kinds(data: bytes) -> list[int]:
+    return [kind for kind, *_ in _frames(data)]
+
+
+def test_rapid_reset_spends_the_reset_budget_then_goaway() -> None:
+    clock = FakeClock(start=0.0)
+    conn, transport = _connection(clock=clock, limits=H2Limits(reset_budget=10))
+    conn.data_received(PREFACE + _settings_frame())
+    transport.take()
+    sid = 1
+    for _ in range(10):  # within the budget: nothing happens to the connection
+        conn.data_received(_open(sid) + _rst(sid))
+        sid += 2
+    assert not transport.closed and not conn.streams
+    clock.advance(10.0)  # a new window: the budget is whole again
+    for _ in range(10):
+        conn.data_received(_open(sid) + _rst(sid))
+        sid += 2
+    assert not transport.closed
+    conn.data_received(_open(sid) + _rst(sid))  # the 11th in this window
+    assert _goaway_code(transport) == native.ENHANCE_YOUR_CALM
+
+
+def test_a_reset_calls_query_keeps_its_stream_slot_until_its_deadline() -> None:
+    clock = FakeClock(start=0.0)
+    conn, transport = _connection(clock=clock, limits=H2Limits(max_streams=1))
+    conn.data_received(PREFACE + _settings_frame() + _open(1))
+    stream = conn.streams[1]
+    reply = h2_connection.NativeReply(conn, stream)
+    reply.app = cast(Any, type("App", (), {"slo_s": 0.5})())  # its query may run 0.5 s
+    stream.reply = reply
+    transport.take()
+    conn.data_received(_rst(1) + _open(3))  # the reset frees no slot: its query still runs
+    [(kind, _, sid, payload)] = _frames(transport.take())
+    assert (kind, sid, payload) == (native.RST_STREAM, 3, struct.pack(">I", native.REFUSED_STREAM))
+    assert 3 not in conn.streams
+    clock.advance(0.5)  # the query's deadline: the slot is free again
+    conn.data_received(_open(5))
+    assert 5 in conn.streams and not transport.take()
+
+
+def test_a_reset_cancels_a_servicer_call() -> None:
+    conn, _ = _connection()
+    conn.data_received(PREFACE + _settings_frame() + _open(1))
+    stream = conn.streams[1]
+    cancelled = []
+    stream.task = cast(Any, type("T", (), {"cancel": lambda self: cancelled.append(1)})())
+    conn.data_received(_rst(1))
+    assert cancelled == [1] and stream.task is None and stream.done
+
+
+def test_one_connection_gets_a_bounded_share_of_a_loop_turn() -> None:
+    conn, transport = _connection(limits=H2Limits(max_frames_per_turn=50, control_budget=1000))
+    later: list[Any] = []
+    conn.server.soon = later.append
+    conn.data_received(PREFACE + _settings_frame() + _PING * 120)
+    acks = [k for k in _kinds(transport.take()) if k == native.PING]
+    assert len(acks) == 49  # 50 frames: the SETTINGS and 49 PINGs; the rest waits
+    assert transport.paused and len(later) == 1
+    conn.data_received(_PING)  # already read before the pause took effect: buffered
+    assert not _kinds(transport.take())
+    turns = 0
+    while later:
+        later.pop()()
+        turns += 1
+    assert turns == 2 and not transport.paused  # 50 + 22 frames, then reading resumes
+    assert _kinds(transport.take()) == [native.PING] * 72
+
+
+def test_bytes_per_turn_are_bounded_too() -> None:
+    conn, transport = _connection(limits=H2Limits(max_bytes_per_turn=20_000, control_budget=1000))
+    later: list[Any] = []
+    conn.server.soon = later.append
+    padding = frame(99, 0, 0, b"\0" * 10_000)  # unknown frames: ignored, but 10 KB each
+    conn.data_received(PREFACE + padding * 5 + _PING)
+    assert transport.paused and len(later) == 1
+    for _ in range(5):
+        if later:
+            later.pop()()
+    assert _kinds(transport.take()) == [native.SETTINGS, native.WINDOW_UPDATE, native.PING]
+    assert not transport.paused
+
+
+def test_an_empty_continuation_flood_is_cut_off() -> None:
+    conn, transport = _connection()
+    transport.take()
+    conn.data_received(PREFACE + _settings_frame() + frame(native.HEADERS, 0, 1, b"\x88"))
+    for _ in range(H2Limits().max_continuations):
+        conn.data_received(frame(native.CONTINUATION, 0, 1))
+    assert not transport.closed
+    conn.data_received(frame(native.CONTINUATION, 0, 1))
+    assert _goaway_code(transport) == native.ENHANCE_YOUR_CALM
+
+
+def test_a_block_of_too_many_headers_is_refused_before_it_is_decoded() -> None:
+    conn, transport = _connection()
+    transport.take()
+    decoded = []
+    conn.cache.decoder.decode = lambda *a, **k: decoded.append(1)
+    block = b"\x82" * (MAX_HEADERS + 1)  # 129 copies of ":method: GET", one byte each
+    conn.data_received(PREFACE + frame(native.HEADERS, native.END_HEADERS, 1, block))
+    assert _goaway_code(transport) == native.ENHANCE_YOUR_CALM
+    assert not decoded
+
+
+@pytest.mark.parametrize("huffman", [False, True])
+def test_count_headers_counts_what_hpack_decodes(huffman: bool) -> None:
+    enc, dec = hpack.Encoder(), hpack.Decoder()
+    headers = [*GRPC_HEADERS, ("x-a", "1" * 200), ("x-b", "v"), ("x-a", "1" * 200)]
+    for block in (enc.encode(headers, huffman=huffman), enc.encode(headers, huffman=huffman)):
+        assert count_headers(block) == len(headers) == len(list(dec.decode(block)))
+    assert count_headers(b"\x20" + header_block([(b"a", b"b")])) == 1  # a size update: no field
+    assert count_headers(b"\x82" * 1000, limit=10) == 11  # stops once past the limit
+    assert count_headers(b"\x00\x05ab") == 1  # cut short: left to the decoder
+
+
+def test_decoding_large_blocks_has_a_time_budget() -> None:
+    clock = FakeClock(start=0.0)
+    conn, transport = _connection(clock=clock)
+    transport.take()
+    decode = conn.cache.decoder.decode
+
+    def slow(block: bytes, raw: bool = False) -> Any:
+        clock.advance(0.02)  # each large block "takes" 20 ms
+        return decode(block, raw=raw)
+
+    conn.cache.decoder.decode = slow
+    big = _request_block() + header_block([(b"x-pad", b"p" * 2000)])
+    assert len(big) > CACHE_BLOCK_BYTES
+    conn.data_received(PREFACE + _settings_frame())
+    sid = 1
+    for _ in range(2):  # 40 ms of the 50 ms budget
+        conn.data_received(frame(native.HEADERS, native.END_HEADERS, sid, big) + _rst(sid))
+        sid += 2
+    assert not transport.closed
+    clock.advance(1.0)  # a new window
+    for _ in range(2):
+        conn.data_received(frame(native.HEADERS, native.END_HEADERS, sid, big) + _rst(sid))
+        sid += 2
+    assert not transport.closed
+    conn.data_received(frame(native.HEADERS, native.END_HEADERS, sid, big))
+    assert _goaway_code(transport) == native.ENHANCE_YOUR_CALM
+
+
+def test_the_header_cache_keeps_only_small_blocks_and_bounded_bytes() -> None:
+    cache = HeaderCache()
+    big = _request_block() + header_block([(b"x-pad", b"p" * 2000)])
+    cache.decode(big)
+    assert cache.cached(big) is None and cache.cached_bytes == 0
+    for i in range(2000):  # distinct small blocks
+        cache.decode(_request_block() + header_block([(b"x-n", str(i).encode())]))
+        assert cache.cached_bytes <= CACHE_BYTES
+    small = _request_block()
+    cache.decode(small)
+    assert cache.cached(small) is not None
+
+
+def test_the_connection_window_is_refilled_as_calls_are_dispatched() -> None:
+    conn, transport = _connection(limits=H2Limits(connection_window=131_070))
+    conn.data_received(PREFACE + _settings_frame())
+    [update] = [p for k, _, sid, p in _frames(transport.take()) if k == native.WINDOW_UPDATE]
+    assert struct.unpack(">I", update)[0] == 131_070 - 65_535
+    body = struct.pack(">BI", 0, 995) + b"x" * 995  # 1,000 bytes: under max_message_bytes
+    streams = range(1, 81, 2)  # 40 streams, 40,000 bytes held
+    conn.data_received(b"".join(_open(s) + frame(native.DATA, 0, s, body) for s in streams))
+    assert conn.server.buffered == 40_000
+    assert native.WINDOW_UPDATE not in _kinds(transport.take())  # arrival refills nothing
+    conn.data_received(b"".join(frame(native.DATA, native.END_STREAM, s, b"") for s in streams))
+    assert conn.server.buffered == 0
+    updates = [
+        struct.unpack(">I", p)[0]
+        for k, _, sid, p in _frames(transport.take())
+        if k == native.WINDOW_UPDATE and sid == 0
+    ]
+    assert updates == [33_000]  # given back once a quarter of the window was dispatched
+    # A peer that sends more than the window allows is a flow-control error.
+    tight = H2Limits(connection_window=65_535, max_frames_per_turn=999)
+    conn2, transport2 = _connection(limits=tight)
+    conn2.data_received(PREFACE + _settings_frame())
+    transport2.take()
+    many = range(1, 133, 2)  # 66,000 bytes
+    conn2.data_received(b"".join(_open(s) + frame(native.DATA, 0, s, body) for s in many))
+    assert _goaway_code(transport2) == native.FLOW_CONTROL_ERROR
+
+
+def _statuses(data: bytes) -> dict[int, bytes]:
+    out = {}
+    for kind, _, sid, payload in _frames(data):
+        if kind == native.HEADERS:
+            out[sid] = dict(hpack.Decoder().decode(payload, raw=True))[b"grpc-status"]
+    return out
+
+
+def test_the_server_wide_body_budget_refuses_beyond_it() -> None:
+    conn, transport = _connection(max_buffered_bytes=3_000)
+    conn.data_received(PREFACE + _settings_frame())
+    transport.take()
+    body = b"x" * 1000
+    conn.data_received(b"".join(_open(s) + frame(native.DATA, 0, s, body) for s in (1, 3, 5, 7)))
+    data = transport.take()
+    assert _statuses(data) == {7: b"8"}  # RESOURCE_EXHAUSTED for the fourth
+    assert (native.RST_STREAM, 0, 7, struct.pack(">I", native.NO_ERROR)) in _frames(data)
+    assert conn.server.buffered == 3_000 and set(conn.streams) == {1, 3, 5}
+    conn.connection_lost(None)
+    assert conn.server.buffered == 0
+
+
+def test_a_body_not_complete_in_time_is_answered_and_reset() -> None:
+    clock = FakeClock(start=0.0)
+    conn, transport = _connection(clock=clock, body_timeout_s=1.0)
+    conn.data_received(PREFACE + _settings_frame() + _open(1) + frame(native.DATA, 0, 1, b"x"))
+    conn.data_received(_open(3, end=True))  # complete: an answer of its own, not a timeout
+    transport.take()
+    clock.advance(0.9)
+    conn.expire(clock.now())
+    assert not transport.data
+    clock.advance(0.1)
+    conn.expire(clock.now())
+    data = transport.take()
+    assert _statuses(data) == {1: b"4"}  # DEADLINE_EXCEEDED
+    assert (native.RST_STREAM, 0, 1, struct.pack(">I", native.NO_ERROR)) in _frames(data)
+    assert conn.server.buffered == 0 and 1 not in conn.streams
+
+
+def test_an_answer_held_by_a_zero_window_is_given_up_after_the_send_timeout() -> None:
+    clock = FakeClock(start=0.0)
+    conn, transport = _connection(clock=clock, limits=H2Limits(send_timeout_s=2.0))
+    client = _client(window=0)
+    client.send_headers(1, GRPC_HEADERS)
+    _exchange(conn, transport, client)
+    conn.send_message(conn.streams[1], b"an answer")
+    assert 1 in conn.blocked
+    transport.take()
+    clock.advance(2.0)
+    conn.server._sweep()
+    [(kind, _, sid, payload)] = _frames(transport.take())
+    assert (kind, sid, payload) == (native.RST_STREAM, 1, struct.pack(">I", native.CANCEL))
+    assert not conn.blocked and not conn.streams
+
+
+_PRIORITY = frame(native.PRIORITY, 0, 1, b"\0" * 5)
+
+
+@pytest.mark.parametrize("flood", [_PING, _settings_frame(), _PRIORITY])
+def test_control_frame_floods_get_goaway(flood: bytes) -> None:
+    clock = FakeClock(start=0.0)
+    conn, transport = _connection(clock=clock, limits=H2Limits(control_budget=20))
+    conn.data_received(PREFACE)
+    transport.take()
+    conn.data_received(flood * 20)
+    clock.advance(1.0)  # a new window
+    conn.data_received(flood * 19 + _open(1, end=True))  # a call refills the budget
+    conn.data_received(flood * 20)
+    assert not transport.closed
+    conn.data_received(flood)
+    assert _goaway_code(transport) == native.ENHANCE_YOUR_CALM
+
+
+def test_a_peers_smaller_header_table_gets_a_size_update_first() -> None:
+    conn, transport = _connection()
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.local_settings = h2.settings.Settings(
+        client=True, initial_values={h2.settings.SettingCodes.HEADER_TABLE_SIZE: 0}
+    )
+    client.initiate_connection()
+    _exchange(conn, transport, client)  # our SETTINGS ACK ...
+    client.send_headers(1, _UNKNOWN, end_stream=True)
+    client.send_headers(3, _UNKNOWN, end_stream=True)
+    data = conn.data_received(client.data_to_send()) or transport.take()
+    blocks = [p for k, _, _, p in _frames(data) if k == native.HEADERS]
+    assert blocks[0].startswith(b"\x20") and not blocks[1].startswith(b"\x20")  # once, first
+    events = list(client.receive_data(data))  # h2's decoder insists on the update
+    ended = [e.stream_id for e in events if isinstance(e, h2.events.StreamEnded)]
+    assert ended == [1, 3]
+    # A peer that keeps the default table size is sent no update.
+    conn2, transport2 = _connection()
+    client2 = _client()
+    _exchange(conn2, transport2, client2)
+    client2.send_headers(1, _UNKNOWN, end_stream=True)
+    conn2.data_received(client2.data_to_send())
+    [block] = [p for k, _, _, p in _frames(transport2.take()) if k == native.HEADERS]
+    assert not block.startswith(b"\x20")
+
+
+def test_limits_are_checked() -> None:
+    from clipper.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="reset_budget"):
+        H2Limits(reset_budget=0)
+    with pytest.raises(ConfigError, match="body_timeout_s"):
+        H2Limits(body_timeout_s=0)
+    with pytest.raises(ConfigError, match="connection_window"):
+        H2Limits(connection_window=2**31)
+    # The connection window always holds the largest message a call may carry.
+    server = NativeGrpcServer(cast(Any, None), host="h", port=0, max_message_bytes=20 * 2**20)
+    assert server.limits.connection_window == 20 * 2**20 + 5
+
+
+def test_a_goaway_half_closes_and_lingers_before_the_close() -> None:
+    clock = FakeClock(start=0.0)
+    conn, transport = _connection(clock=clock)
+    eof = []
+    transport.can_write_eof = lambda: True  # type: ignore[method-assign]
+    transport.write_eof = lambda: eof.append(1)  # type: ignore[attr-defined]
+    conn.data_received(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 20)
+    assert native.GOAWAY in _kinds(transport.take())
+    assert eof == [1] and transport.paused and not transport.closed  # the peer can read why
+    conn.data_received(b"more")  # discarded
+    clock.advance(GOAWAY_LINGER_S)
+    assert transport.closed and not transport.data
