@@ -99,17 +99,12 @@ def test_collector_passes_are_timed_into_the_histogram() -> None:
 
     h = Histogram("gc_pause", "test", ["generation"], registry=CollectorRegistry())
     ticks = iter([1.0, 1.004, 2.0, 2.0005])  # two passes: 4 ms and 0.5 ms
+    # Not started: a real pass during the test would take the fake timer's ticks.
     watch = CollectorPauses(h, timer=lambda: next(ticks))
-    watch.start()
-    watch.start()  # once only, however often started
-    try:
-        watch._callback("start", {"generation": 2})
-        watch._callback("stop", {"generation": 2})
-        watch._callback("start", {"generation": 0})
-        watch._callback("stop", {"generation": 0})
-    finally:
-        watch.stop()
-    assert not watch.running
+    watch._callback("start", {"generation": 2})
+    watch._callback("stop", {"generation": 2})
+    watch._callback("start", {"generation": 0})
+    watch._callback("stop", {"generation": 0})
     assert watch.passes == 2
     assert watch.total_s == pytest.approx(0.0045)
     assert watch.longest_s == pytest.approx(0.004)
@@ -123,13 +118,15 @@ def test_the_collector_watch_sees_a_real_pass() -> None:
 
     watch = CollectorPauses()
     watch.start()
+    watch.start()  # once only, however often started
+    assert gc.callbacks.count(watch._callback) == 1
     try:
         gc.collect()
     finally:
         watch.stop()
     assert watch.passes >= 1
     assert watch.total_s > 0.0
-    assert watch._callback not in gc.callbacks
+    assert watch._callback not in gc.callbacks and not watch.running
 
 
 def test_a_descheduled_loop_sheds_nothing(frontends: list[Frontend]) -> None:  # noqa: F811
