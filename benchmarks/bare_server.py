@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from collections.abc import Sequence
 from typing import cast
@@ -124,7 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=18080)
+    p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0")
     args = p.parse_args(argv)
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     uvloop.run(serve(args.host, args.port))
     return 0
 
