@@ -441,3 +441,21 @@ def test_a_broken_manifest_fails_validation(breakage: str) -> None:
         del dep["spec"]["selector"]
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(dep)
+
+
+def test_the_manager_url_carries_the_pods_user() -> None:
+    from clipper.managers.kubernetes import parse_url
+
+    settings, _ = parse_url("prod?image=reg/c:1&uid=4242")
+    assert settings.run_as_user == 4242
+    assert (
+        replica_deployment(settings, replica())["spec"]["template"]["spec"]["securityContext"][
+            "runAsUser"
+        ]
+        == 4242
+    )
+    assert parse_url("prod")[0].run_as_user == KubeSettings().run_as_user
+    with pytest.raises(ConfigError, match="non-root uid"):
+        parse_url("prod?uid=0")
+    with pytest.raises(ConfigError, match="k8s://prod"):
+        parse_url("prod?uid=nobody")
