@@ -5,11 +5,13 @@ answered end to end by pods started from manifests the manager rendered.
 The same contract as every manager (the conformance checks):
 
 * ensure 2 -> a Deployment with 2 replicas, 2 replicas connected and answering; the replica
-  key Secret created; the artifact fetched from the frontend, never read from its disk;
+  key Secret created; the artifact fetched from the frontend, never read from its disk; the
+  Deployment's pod passes Pod Security "restricted" and (where kubernetes-validate is
+  installed) strict schema validation, and has a PodDisruptionBudget of its own;
 * scale to 1 under a steady closed loop -> 0 failed queries; the pod that went is the one the
   manager drained and marked with the lowest pod-deletion-cost;
 * a replica process SIGKILLed -> restarted, and the restart reported by ``get_replicas``;
-* a frontend that stops deletes its Deployments.
+* a frontend that stops deletes its Deployments and their budgets.
 
 Runs with ``-m k8s`` in ``.ci/run``'s Kubernetes environment (the ``[kubernetes]`` extra and
 kmock); skipped elsewhere.
@@ -30,6 +32,7 @@ import pytest
 from tests.integration.frontend_process import FrontendProcess
 from tests.integration.helpers import predict, wait_for, write_row_sums
 from tests.integration.kubelet import LocalKubelet
+from tests.unit.test_k8s_manifests import HAS_VALIDATE, restricted_violations, validate
 
 HAVE = all(importlib.util.find_spec(m) is not None for m in ("kubernetes", "kmock"))
 
@@ -86,6 +89,20 @@ async def deployments(kubelet: LocalKubelet) -> list[dict[str, Any]]:
     return items
 
 
+async def budgets(kubelet: LocalKubelet) -> list[dict[str, Any]]:
+    listing = await kubelet._get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets")
+    items: list[dict[str, Any]] = (listing or {}).get("items", [])
+    return items
+
+
+def as_applied(obj: dict[str, Any]) -> dict[str, Any]:
+    """An object as the manager sent it: without what the API server adds."""
+    meta = {k: obj["metadata"][k] for k in ("name", "namespace", "labels", "annotations")}
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": meta} | {
+        "spec": obj["spec"]
+    }
+
+
 async def answered(url: str, x: float) -> bool:
     resp = await predict(url, APP, {"input": [x, 2.0]}, limit_s=10.0)
     doc = resp.json() if resp.status == 200 else {}
@@ -126,6 +143,15 @@ async def test_replicas_run_as_deployments_through_the_api(
     assert dep["metadata"]["labels"]["clipper-serve/frontend"] == "fe-0"
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--fetch-artifact" in args and artifact not in args  # not the frontend's disk
+    assert restricted_violations(dep["spec"]["template"]["spec"]) == []
+    if HAS_VALIDATE:
+        validate(as_applied(dep))
+    [pdb] = await budgets(kubelet)
+    assert pdb["metadata"]["name"] == dep["metadata"]["name"]
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    if HAS_VALIDATE:
+        validate(as_applied(pdb))
 
     async def two_running() -> bool:
         rs = await replicas(fe)
@@ -186,3 +212,4 @@ async def test_replicas_run_as_deployments_through_the_api(
     # a frontend that stops takes its Deployments with it.
     await asyncio.to_thread(fe.stop)
     assert await deployments(kubelet) == []
+    assert await budgets(kubelet) == []

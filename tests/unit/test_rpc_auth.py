@@ -97,6 +97,21 @@ def test_a_secret_readable_by_others_is_refused(tmp_path: Path) -> None:
         ensure_keys(tmp_path)
 
 
+def test_a_secret_handed_over_through_a_group_is_accepted() -> None:
+    """A Kubernetes Secret in a non-root pod: root-owned, group fsGroup, mode 0440."""
+    from clipper.rpc.auth import _private
+
+    def st(mode: int, uid: int) -> os.stat_result:
+        return os.stat_result((stat.S_IFREG | mode, 1, 1, 1, uid, 10001, 40, 0, 0, 0))
+
+    me, other = os.geteuid(), os.geteuid() + 1
+    assert _private(st(0o400, me)) and _private(st(0o600, me))
+    assert not _private(st(0o440, me))  # ours, so we could have kept it private
+    assert _private(st(0o440, other)) and _private(st(0o400, other))
+    assert not _private(st(0o460, other))  # the group may write it
+    assert not _private(st(0o444, other))  # anyone may read it
+
+
 def test_missing_keys_are_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"server\.key"):
         load_client_keys(tmp_path)

@@ -5,12 +5,17 @@ Two kinds of object come from here:
 * what ``clipper k8s render`` writes once, for ``kubectl apply``: the frontends (a StatefulSet,
   so each has a stable name, node id and DNS name that its replicas dial), their Services, the
   RBAC that lets a frontend manage its replicas' Deployments, the frontends' configuration
-  (a ConfigMap of ``CLIPPER_*`` settings) and the RPC keys (two Secrets: the frontends' and the
-  replicas');
+  (a ConfigMap of ``CLIPPER_*`` settings), the RPC keys (two Secrets: the frontends' and the
+  replicas') and the admin token (a Secret), a PodDisruptionBudget and the NetworkPolicies;
 * what the :class:`~clipper.managers.kubernetes.KubernetesManager` creates at run time: one
   Deployment per model version per frontend, whose pods run ``python -m clipper.container``
   with the artifact fetched from their frontend, a readiness probe on the container's
-  ``/ready``, the replica key mounted from its Secret, and the frontend's resources settings.
+  ``/ready``, the replica key mounted from its Secret, and the frontend's resources settings;
+  and its PodDisruptionBudget.
+
+Every pod runs as a non-root user with a read-only root filesystem, no privilege escalation, no
+capabilities and the runtime's default seccomp profile (Pod Security "restricted"); what a
+process writes goes to an ``emptyDir`` (``/tmp``, the artifact cache) or the state volume.
 
 Names follow DNS-1123 (lowercase, digits, '-', at most 63 characters): a model or version
 name that does not fit is shortened and suffixed with a hash of the exact names, which are
@@ -28,6 +33,8 @@ from clipper.config import FrontendConfig
 from clipper.errors import ConfigError
 
 __all__ = [
+    "ADMIN_CLIENT_LABEL",
+    "ADMIN_TOKEN_SECRET",
     "CLIENT_KEYS_SECRET",
     "CONTAINER_READY_PORT",
     "LABEL_FRONTEND",
@@ -37,8 +44,14 @@ __all__ = [
     "SERVER_KEYS_SECRET",
     "KubeSettings",
     "ReplicaSpec",
+    "admin_token_secret",
+    "container_security",
     "dns_label",
     "frontend_objects",
+    "key_secrets",
+    "network_policies",
+    "pod_security",
+    "replica_budget",
     "replica_deployment",
     "replica_deployment_name",
 ]
@@ -52,6 +65,9 @@ ANNOTATION_MODEL = "clipper-serve/model-name"
 ANNOTATION_VERSION = "clipper-serve/model-version"
 SERVER_KEYS_SECRET = "clipper-rpc-server-keys"
 CLIENT_KEYS_SECRET = "clipper-rpc-client-keys"
+ADMIN_TOKEN_SECRET = "clipper-admin-token"
+# The pods (in the admin namespace) that the NetworkPolicy lets reach the admin port.
+ADMIN_CLIENT_LABEL = "clipper-serve/admin-client"
 KEYS_MOUNT = "/etc/clipper/rpc-keys"
 STATE_MOUNT = "/var/lib/clipper"
 CONTAINER_READY_PORT = 9100
@@ -99,6 +115,17 @@ class KubeSettings:
     replica_cpu: str = "1"
     replica_memory: str = "1Gi"
     replica_gpus: int = 0
+    # The frontends' resources: a memory limit equal to the request, and by default no CPU
+    # limit (Burstable): a CFS quota throttles the event loop mid-request, a tail-latency cost.
+    # A CPU limit equal to the request makes the pods Guaranteed.
+    frontend_cpu: str = "1"
+    frontend_memory: str = "1Gi"
+    frontend_cpu_limit: str | None = None
+    # Every pod's user and group (the image's own user may be root: "restricted" refuses it).
+    run_as_user: int = 10001
+    # The namespace whose pods labelled ADMIN_CLIENT_LABEL=true may reach the admin port
+    # (default: the deployment's own).
+    admin_namespace: str | None = None
     drain_timeout_s: float = 20.0
     image_pull_policy: str = "IfNotPresent"
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -115,6 +142,15 @@ class KubeSettings:
             )
         if self.replica_gpus < 0:
             raise ConfigError(f"replica GPUs must be >= 0, got {self.replica_gpus}")
+        if self.run_as_user < 1:
+            raise ConfigError(
+                f"run_as_user must be a non-root uid (>= 1), got {self.run_as_user}: "
+                'Pod Security "restricted" refuses root'
+            )
+        if self.admin_namespace is not None and dns_label(self.admin_namespace) != (
+            self.admin_namespace
+        ):
+            raise ConfigError(f"admin namespace {self.admin_namespace!r} is not a DNS-1123 label")
 
     @property
     def frontend_service(self) -> str:
@@ -165,6 +201,64 @@ def _resources(s: KubeSettings) -> dict[str, Any]:
     return {"requests": amounts, "limits": limits}
 
 
+def pod_security(s: KubeSettings) -> dict[str, Any]:
+    """The pod-level securityContext: a fixed non-root user, and its group on the volumes so
+    that the state volume is writable and the Secret files readable (mode 0440, group-owned:
+    the RPC key loaders accept a key handed over that way, docs/scale-out.md)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": s.run_as_user,
+        "runAsGroup": s.run_as_user,
+        "fsGroup": s.run_as_user,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security(s: KubeSettings) -> dict[str, Any]:
+    """The container-level securityContext that Pod Security "restricted" requires, with a
+    read-only root filesystem (writes go to the emptyDir at /tmp or a mounted volume)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": s.run_as_user,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+# With a read-only root: no bytecode written next to the sources, and a HOME (frameworks keep
+# caches there: torch, matplotlib, sklearn's joblib) on the writable /tmp.
+_WRITABLE_ENV = [
+    {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+    {"name": "HOME", "value": "/tmp"},
+]
+_TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
+_TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
+
+
+def replica_budget(s: KubeSettings, deployment: dict[str, Any]) -> dict[str, Any]:
+    """The PodDisruptionBudget of a replica Deployment: a node drain evicts one of its pods at
+    a time (each drains its batches on SIGTERM), never the whole version at once. One pod
+    unavailable at most, not a minimum available, so a one-replica version does not block the
+    drain of its node forever."""
+    meta = deployment["metadata"]
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": s.namespace,
+            "labels": dict(meta["labels"]),
+            "annotations": dict(meta["annotations"]),
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": dict(deployment["spec"]["selector"]["matchLabels"])},
+        },
+    }
+
+
 def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
     """The Deployment that runs ``r.replicas`` containers of one model version for one
     frontend. A pod dials its frontend over ZeroMQ with the replica key, fetches the artifact
@@ -195,6 +289,7 @@ def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
         "args": args,
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            *_WRITABLE_ENV,
             *({"name": k, "value": v} for k, v in sorted(s.extra_env.items())),
         ],
         "ports": [{"name": "ready", "containerPort": CONTAINER_READY_PORT}],
@@ -209,9 +304,11 @@ def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
             "periodSeconds": 10,
         },
         "resources": _resources(s),
+        "securityContext": container_security(s),
         "volumeMounts": [
             *([{"name": "rpc-keys", "mountPath": KEYS_MOUNT, "readOnly": True}] if r.auth else []),
             {"name": "artifacts", "mountPath": "/var/cache/clipper"},
+            _TMP_MOUNT,
         ],
     }
     keys_volume = {
@@ -238,10 +335,14 @@ def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
                 "spec": {
                     # SIGTERM starts the drain; this is how long it may take before SIGKILL.
                     "terminationGracePeriodSeconds": int(s.drain_timeout_s) + 10,
+                    "securityContext": pod_security(s),
+                    # A replica talks to its frontend only; it needs no API credentials.
+                    "automountServiceAccountToken": False,
                     "containers": [container],
                     "volumes": [
                         *([keys_volume] if r.auth else []),
                         {"name": "artifacts", "emptyDir": {}},
+                        _TMP_VOLUME,
                     ],
                 },
             },
@@ -278,16 +379,101 @@ def _app(component: str) -> dict[str, str]:
     }
 
 
-def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, Any]]:
-    """Everything ``kubectl apply`` needs for the frontends, in apply order."""
+def admin_token_secret(s: KubeSettings, token: str) -> dict[str, Any]:
+    """The admin API's bearer token, passed to the frontends by env (CLIPPER_ADMIN_TOKEN)."""
+    if len(token) < 16:
+        raise ConfigError("the admin token must be at least 16 characters")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": ADMIN_TOKEN_SECRET, "namespace": s.namespace, "labels": _app("keys")},
+        "type": "Opaque",
+        "stringData": {"token": token},
+    }
+
+
+def _frontend_resources(s: KubeSettings) -> dict[str, Any]:
+    requests = {"cpu": s.frontend_cpu, "memory": s.frontend_memory}
+    limits: dict[str, str] = {"memory": s.frontend_memory}
+    if s.frontend_cpu_limit is not None:
+        limits["cpu"] = s.frontend_cpu_limit
+    return {"requests": requests, "limits": limits}
+
+
+def network_policies(s: KubeSettings) -> list[dict[str, Any]]:
+    """Ingress rules: the query and gRPC ports are open; the RPC port takes the deployment's
+    replica pods only; the admin port takes only pods labelled ``ADMIN_CLIENT_LABEL=true`` in
+    the admin namespace; the replicas' one port (readiness) takes the frontends only. Egress
+    stays open (a model may call out; replicas dial their frontend). The kubelet's probes come
+    from the node, which network plugins let through."""
+    meta = {"namespace": s.namespace, "labels": _app("network")}
+    frontends = {"podSelector": {"matchLabels": _app("frontend")}}
+    replicas = {
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "clipper-replica",
+                "app.kubernetes.io/managed-by": MANAGED_BY,
+            }
+        }
+    }
+    admins = {
+        "namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": s.admin_namespace or s.namespace}
+        },
+        "podSelector": {"matchLabels": {ADMIN_CLIENT_LABEL: "true"}},
+    }
+
+    def port(name: str) -> dict[str, Any]:
+        return {"protocol": "TCP", "port": name}
+
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "clipper-frontend"} | meta,
+            "spec": {
+                "podSelector": frontends["podSelector"],
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {"ports": [port("query"), port("grpc")]},
+                    {"from": [replicas], "ports": [port("rpc")]},
+                    {"from": [admins], "ports": [port("admin")]},
+                ],
+            },
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "clipper-replica"} | meta,
+            "spec": {
+                "podSelector": replicas["podSelector"],
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [frontends], "ports": [port("ready")]}],
+            },
+        },
+    ]
+
+
+def frontend_objects(
+    s: KubeSettings, keys: dict[str, str] | None, admin_token: str | None = None
+) -> list[dict[str, Any]]:
+    """Everything ``kubectl apply`` needs for the frontends, in apply order. ``keys`` None
+    leaves the key Secrets out, ``admin_token`` None the admin token's: a re-render for a
+    deployment that has them must not replace them (``clipper k8s render --keep-secrets``)."""
     ns = s.namespace
     sel = _app("frontend")
-    manager = f"k8s://{ns}?image={s.image}&cpu={s.replica_cpu}&memory={s.replica_memory}"
+    manager = (
+        f"k8s://{ns}?image={s.image}&cpu={s.replica_cpu}&memory={s.replica_memory}"
+        f"&uid={s.run_as_user}"
+    )
     if s.replica_gpus:
         manager += f"&gpus={s.replica_gpus}"
     config = {
         "CLIPPER_HOST": "0.0.0.0",
         "CLIPPER_RPC_HOST": "0.0.0.0",
+        # Reached through the clipper-admin Service; CLIPPER_ADMIN_TOKEN (from its Secret)
+        # guards it, and the NetworkPolicy lets only the admin clients' pods in.
+        "CLIPPER_ADMIN_HOST": "0.0.0.0",
         "CLIPPER_QUERY_PORT": str(s.query_port),
         "CLIPPER_ADMIN_PORT": str(s.admin_port),
         "CLIPPER_RPC_PORT": str(s.rpc_port),
@@ -307,6 +493,12 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
         # patch: a scale-down marks the pods it drained as the first to delete.
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
+        # Each replica Deployment's PodDisruptionBudget, made and deleted with it.
+        {
+            "apiGroups": ["policy"],
+            "resources": ["poddisruptionbudgets"],
+            "verbs": ["get", "list", "create", "update", "patch", "delete"],
+        },
     ]
     meta = {"namespace": ns, "labels": sel}
     container = {
@@ -323,6 +515,11 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
                 "name": "CLIPPER_ADVERTISE_HOST",
                 "value": s.frontend_host("$(POD_NAME)"),
             },
+            {
+                "name": "CLIPPER_ADMIN_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": ADMIN_TOKEN_SECRET, "key": "token"}},
+            },
+            *_WRITABLE_ENV,
         ],
         "envFrom": [{"configMapRef": {"name": "clipper-config"}}],
         "ports": [
@@ -337,11 +534,18 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
             "initialDelaySeconds": 10,
             "periodSeconds": 10,
         },
+        "resources": _frontend_resources(s),
+        "securityContext": container_security(s),
         "volumeMounts": [
             {"name": "state", "mountPath": STATE_MOUNT},
             {"name": "rpc-keys", "mountPath": KEYS_MOUNT, "readOnly": True},
+            _TMP_MOUNT,
         ],
     }
+    secrets = [
+        *(key_secrets(s, keys) if keys is not None else []),
+        *([admin_token_secret(s, admin_token)] if admin_token is not None else []),
+    ]
     return [
         {
             "apiVersion": "v1",
@@ -371,7 +575,7 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
             "metadata": {"name": "clipper-config"} | meta,
             "data": config,
         },
-        *key_secrets(s, keys),
+        *secrets,
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -413,9 +617,19 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
                 "replicas": s.frontends,
                 "selector": {"matchLabels": sel},
                 "template": {
-                    "metadata": {"labels": sel},
+                    "metadata": {
+                        "labels": sel,
+                        # For a Prometheus that discovers pods by annotation: the query port
+                        # serves /metrics (clipper_autoscale_desired_replicas among them).
+                        "annotations": {
+                            "prometheus.io/scrape": "true",
+                            "prometheus.io/port": str(s.query_port),
+                            "prometheus.io/path": "/metrics",
+                        },
+                    },
                     "spec": {
                         "serviceAccountName": "clipper-frontend",
+                        "securityContext": pod_security(s),
                         # SIGTERM starts the drain (CLIPPER_DRAIN_DELAY_S and
                         # CLIPPER_DRAIN_TIMEOUT_S, above): raise them together.
                         "terminationGracePeriodSeconds": _FRONTEND_DRAIN_DELAY_S
@@ -429,7 +643,8 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
                                     "secretName": SERVER_KEYS_SECRET,
                                     "defaultMode": SECRET_MODE,
                                 },
-                            }
+                            },
+                            _TMP_VOLUME,
                         ],
                     },
                 },
@@ -444,4 +659,13 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
                 ],
             },
         },
+        # A node drain (or a cluster upgrade) evicts one frontend at a time; each drains its
+        # requests within its grace period while the others serve.
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "clipper-frontend"} | meta,
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": sel}},
+        },
+        *network_policies(s),
     ]

@@ -1,14 +1,21 @@
 """``clipper k8s render``: the manifests of a deployment, written once for ``kubectl apply``.
 
-The RPC keys are made here (or read from an existing key directory, e.g. a frontend's
-``<state dir>/rpc-keys``) and written into the two Secrets, so every frontend and every replica
-of the deployment shares one keypair. The output holds secret keys: keep it out of version
-control, or pipe it straight into ``kubectl apply -f -``.
+The deployment's secrets — the RPC keys and the admin token — live in a key directory
+(``--keys-dir``): made there the first time, read from it on every later render, so a
+re-render carries the same Secrets and ``kubectl apply`` of it changes nothing a running pod
+holds. ``--keep-secrets`` renders everything but the Secrets (a re-render where the key
+directory is not at hand: the Secrets already in the cluster stay). With neither the render
+refuses: fresh keys for an existing deployment would cut every replica off its frontend.
+The output (with ``--keys-dir``) holds secret keys: keep it out of version control, or pipe it
+straight into ``kubectl apply -f -``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import secrets
 import sys
 import tempfile
 from pathlib import Path
@@ -16,13 +23,20 @@ from typing import Any
 
 import yaml
 
-from clipper.errors import ClipperError
+from clipper.errors import ClipperError, ConfigError
 from clipper.kube.manifests import KubeSettings, frontend_objects
 from clipper.rpc.auth import ensure_keys
 
-__all__ = ["add_render_command", "render_command", "render_documents"]
+__all__ = [
+    "add_render_command",
+    "read_admin_token",
+    "read_keys",
+    "render_command",
+    "render_documents",
+]
 
 KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
+ADMIN_TOKEN_FILE = "admin.token"
 
 
 def read_keys(directory: Path | None) -> dict[str, str]:
@@ -35,9 +49,26 @@ def read_keys(directory: Path | None) -> dict[str, str]:
         return {f: (Path(tmp) / f).read_text() for f in KEY_FILES}
 
 
-def render_documents(settings: KubeSettings, keys: dict[str, str]) -> str:
+def read_admin_token(directory: Path) -> str:
+    """The deployment's admin token: ``directory/admin.token``, made once (owner-only) and
+    read from then on, like the keys beside it."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / ADMIN_TOKEN_FILE
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    token = path.read_text().strip()
+    if len(token) < 16:
+        raise ConfigError(f"{path}: the admin token must be at least 16 characters")
+    return token
+
+
+def render_documents(
+    settings: KubeSettings, keys: dict[str, str] | None, admin_token: str | None = None
+) -> str:
     """The objects as one multi-document YAML stream, in apply order."""
-    docs: list[dict[str, Any]] = frontend_objects(settings, keys)
+    docs: list[dict[str, Any]] = frontend_objects(settings, keys, admin_token)
     text: str = yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
     return text
 
@@ -65,12 +96,39 @@ def add_render_command(sub: Any) -> None:
     r.add_argument(
         "--replica-gpus", type=int, default=d.replica_gpus, help="GPUs of each replica pod"
     )
-    r.add_argument("--state-size", default=d.state_size, help="each frontend's state volume")
+    r.add_argument("--frontend-cpu", default=d.frontend_cpu, help="CPU request of each frontend")
     r.add_argument(
+        "--frontend-memory",
+        default=d.frontend_memory,
+        help="memory request and limit of each frontend",
+    )
+    r.add_argument(
+        "--frontend-cpu-limit",
+        default=None,
+        help="CPU limit of each frontend (default none: Burstable; = --frontend-cpu: Guaranteed)",
+    )
+    r.add_argument(
+        "--run-as-user", type=int, default=d.run_as_user, help="uid (and gid) of every pod"
+    )
+    r.add_argument(
+        "--admin-namespace",
+        default=None,
+        help="namespace whose pods labelled clipper-serve/admin-client=true may reach the "
+        "admin port (default: --namespace)",
+    )
+    r.add_argument("--state-size", default=d.state_size, help="each frontend's state volume")
+    secrets_from = r.add_mutually_exclusive_group()
+    secrets_from.add_argument(
         "--keys-dir",
         type=Path,
         default=None,
-        help="use (or make) the RPC keys in this directory instead of fresh ones",
+        help="the deployment's RPC keys and admin token: made here the first time, reused "
+        "after (keep this directory)",
+    )
+    secrets_from.add_argument(
+        "--keep-secrets",
+        action="store_true",
+        help="render no Secrets: the ones already in the cluster stay",
     )
     r.add_argument("-o", "--out", default="-", help="file to write ('-': standard output)")
 
@@ -86,8 +144,24 @@ def render_command(args: argparse.Namespace) -> int:
             replica_memory=args.replica_memory,
             replica_gpus=args.replica_gpus,
             state_size=args.state_size,
+            frontend_cpu=args.frontend_cpu,
+            frontend_memory=args.frontend_memory,
+            frontend_cpu_limit=args.frontend_cpu_limit,
+            run_as_user=args.run_as_user,
+            admin_namespace=args.admin_namespace,
         )
-        text = render_documents(settings, read_keys(args.keys_dir))
+        if args.keep_secrets:
+            text = render_documents(settings, None, None)
+        elif args.keys_dir is not None:
+            keys = read_keys(args.keys_dir)
+            text = render_documents(settings, keys, read_admin_token(args.keys_dir))
+        else:
+            raise ConfigError(
+                "say where the deployment's secrets come from: --keys-dir DIR (made there the "
+                "first time, the same keys on every later render) or --keep-secrets (no "
+                "Secrets rendered: the cluster's stay); fresh keys on each render would cut "
+                "running replicas off their frontends"
+            )
     except ClipperError as e:
         print(f"clipper k8s render: {e}", file=sys.stderr)
         return 2

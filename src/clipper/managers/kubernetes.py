@@ -5,12 +5,15 @@ The frontend owns its Deployments (named from its node id, the model and the ver
 restarted frontend finds and adopts them); their pods dial the frontend back over ZeroMQ with
 the replica key, and fetch their artifact from it. A scale-down first drains the pods that are
 to go — no new batches, in-flight ones answered — and marks them with the lowest
-``controller.kubernetes.io/pod-deletion-cost``, so the ReplicaSet removes exactly those.
+``controller.kubernetes.io/pod-deletion-cost``, so the ReplicaSet removes exactly those. Each
+Deployment has a PodDisruptionBudget of the same name (one pod evicted at a time), made and
+deleted with it.
 
 The official ``kubernetes`` client blocks: every call runs in a worker thread, never on the
 event loop. Pods are listed by an owned poller every ``poll_s`` for ``clipper status``.
 
-URL parameters: ``image``, ``cpu``, ``memory``, ``gpus``, ``drain_timeout``, ``pull_policy``;
+URL parameters: ``image``, ``cpu``, ``memory``, ``gpus``, ``drain_timeout``, ``pull_policy``,
+``uid`` (the pods' non-root user);
 ``api=URL`` talks to that API server without credentials (``kubectl proxy``, an emulator);
 ``context=NAME`` picks a kubeconfig context; otherwise the in-cluster service account is used
 when there is one, else the default kubeconfig.
@@ -39,6 +42,7 @@ from clipper.kube.manifests import (
     KubeSettings,
     ReplicaSpec,
     dns_label,
+    replica_budget,
     replica_deployment,
     replica_deployment_name,
 )
@@ -50,7 +54,9 @@ log = logging.getLogger("clipper.manager.k8s")
 
 _SPEC_HASH = "clipper-serve/spec-hash"
 _DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-_PARAMS = {"image", "cpu", "memory", "gpus", "drain_timeout", "pull_policy", "api", "context"}
+_PARAMS = {
+    "image", "cpu", "memory", "gpus", "drain_timeout", "pull_policy", "uid", "api", "context",
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,7 @@ def parse_url(rest: str) -> tuple[KubeSettings, dict[str, str]]:
     try:
         gpus = int(q.get("gpus", "0"))
         drain = float(q.get("drain_timeout", "20"))
+        uid = int(q.get("uid", str(KubeSettings().run_as_user)))
     except ValueError as e:
         raise ConfigError(f"k8s://{rest}: {e}") from None
     defaults = KubeSettings()
@@ -97,6 +104,7 @@ def parse_url(rest: str) -> tuple[KubeSettings, dict[str, str]]:
         replica_gpus=gpus,
         drain_timeout_s=drain,
         image_pull_policy=q.get("pull_policy", defaults.image_pull_policy),
+        run_as_user=uid,
     )
     conn: dict[str, str] = {k: q[k] for k in ("api", "context") if k in q}
     return settings, conn
@@ -156,6 +164,7 @@ class KubernetesManager:
         self._api: Any = None
         self._apps: Any = None
         self._core: Any = None
+        self._policy: Any = None
         self._pods: list[PodReplica] = []
         self._poller: asyncio.Task[None] | None = None
         self._secret_ready = False
@@ -173,6 +182,7 @@ class KubernetesManager:
             self._api = _api_client(self._conn)
             self._apps = client.AppsV1Api(self._api)
             self._core = client.CoreV1Api(self._api)
+            self._policy = client.PolicyV1Api(self._api)
 
     async def _read(self, fn: Callable[..., Any], *args: Any) -> Any | None:
         """The object, or None when the API server says 404."""
@@ -209,11 +219,14 @@ class KubernetesManager:
                     if current is not None:
                         await self._drain_pods(mv, len(self._pods_of(mv)))
                         await self._call(self._apps.delete_namespaced_deployment, name, ns)
+                    await self._delete_budget(name)
                     return
                 await self._ensure_secret()
                 body = replica_deployment(self.settings, self._spec(mv, replicas))
                 digest = _spec_hash(body)
                 body["metadata"]["annotations"][_SPEC_HASH] = digest
+                # Before the Deployment: its pods are never without their budget.
+                await self._ensure_budget(body)
                 if current is None:
                     await self._call(self._apps.create_namespaced_deployment, ns, body)
                     log.info("created Deployment %s/%s (%d replicas)", ns, name, replicas)
@@ -267,6 +280,28 @@ class KubernetesManager:
                     {"metadata": {"annotations": {_DELETION_COST: "-1000"}}},
                 )
 
+    async def _ensure_budget(self, deployment: dict[str, Any]) -> None:
+        """The Deployment's PodDisruptionBudget, made when missing (an adopted Deployment made
+        before budgets existed gets one too); its selector never changes, so an existing one
+        stays as it is."""
+        name = deployment["metadata"]["name"]
+        ns = self.settings.namespace
+        read = self._policy.read_namespaced_pod_disruption_budget
+        if await self._read(read, name, ns) is None:
+            body = replica_budget(self.settings, deployment)
+            await self._call(self._policy.create_namespaced_pod_disruption_budget, ns, body)
+
+    async def _delete_budget(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            await self._call(
+                self._policy.delete_namespaced_pod_disruption_budget, name, self.settings.namespace
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
     async def _ensure_secret(self) -> None:
         """The replicas' key Secret (server public key, client secret key), made from this
         frontend's key directory when it does not exist (``clipper k8s render`` makes it too)."""
@@ -305,6 +340,7 @@ class KubernetesManager:
                 names = await self._own_deployments()
                 for name in names:
                     await self._call(self._apps.delete_namespaced_deployment, name, ns)
+                    await self._delete_budget(name)
                 log.info("deleted this frontend's Deployments in %s: %s", ns, names or "none")
             except Exception as e:  # the frontend stops anyway; say what it left behind
                 log.warning("could not delete this frontend's Deployments in %s: %s", ns, e)

@@ -118,10 +118,22 @@ def _write_cert(path: Path, public: bytes, secret: bytes | None) -> None:
         tmp.unlink()
 
 
+def _private(st: os.stat_result) -> bool:
+    """A secret key file only its owner can read — or, for a file someone else owns, only its
+    group, read-only: how Kubernetes hands a Secret to a non-root pod (root-owned, group
+    ``fsGroup``, mode 0440), which is then the pod's own group."""
+    if st.st_mode & stat.S_IRWXO:
+        return False
+    if st.st_uid != os.geteuid():
+        return not st.st_mode & (stat.S_IWGRP | stat.S_IXGRP)
+    return not st.st_mode & stat.S_IRWXG
+
+
 def _read_cert(path: Path, *, secret: bool) -> tuple[bytes, bytes | None]:
     if secret:
-        mode = path.stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        st = path.stat()
+        mode = st.st_mode
+        if not _private(st):
             raise ConfigError(
                 f"{path} holds a secret key but is readable by others "
                 f"(mode {stat.S_IMODE(mode):o}): chmod 600 it"
