@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+
 import joblib
 import numpy as np
 import pytest
@@ -104,8 +105,9 @@ async def test_a_sklearn_model_of_the_wrong_width(frontend: Clipper, tmp_path: P
     await c.link_model_to_app("three", "five")
     doc = await predict_ok(c.query_url, "three", {"input": [0.1, 0.2, 0.3]})
     assert doc["default"] is True
-    assert "the model takes inputs of 5 values (scikit-learn n_features_in_); this input has 3" in (
-        doc["default_explanation"]
+    assert (
+        "the model takes inputs of 5 values (scikit-learn n_features_in_); this input has 3"
+        in (doc["default_explanation"])
     ), doc
     doc = await predict_ok(c.query_url, "three", {"input": x[0].tolist()})
     assert (doc["default"], doc["output"]) == (False, int(clf.predict(x[:1])[0])), doc

@@ -86,9 +86,11 @@ def _sequential_width(module: Any) -> InputSpec | None:
     if first is None or getattr(first, "original_name", type(first).__name__) != "Linear":
         return None
     width = getattr(first, "in_features", None)
-    return InputSpec(width, "in_features of the first Linear layer") if isinstance(
-        width, int
-    ) else None
+    return (
+        InputSpec(width, "in_features of the first Linear layer")
+        if isinstance(width, int)
+        else None
+    )
 
 
 def load(path: Path, manifest: dict[str, Any]) -> TorchModel:
