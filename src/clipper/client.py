@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from clipper.config import BatchingConfig
-from clipper.errors import ClipperError, RegistryError, RequestError
+from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
 from clipper.store.base import StoreError
 
 __all__ = ["Client"]
@@ -165,15 +165,20 @@ class Client:
         framework: str | None = None,
         artifact: str | Path | None = None,
         source_sha256: str | None = None,
+        input_size: int | None = None,
     ) -> dict[str, Any]:
         """Deploy ``model`` (a function, an object with ``predict``, a scikit-learn estimator,
         a PyTorch module, an ONNX file, an XGBoost or LightGBM model), or an artifact already
         on disk; returns once its replicas are ready and traffic has switched to it.
         ``source_sha256``: the digest of the file it was made from, which the frontend keeps
-        for ``clipper apply`` to recognise (see docs/cli.md)."""
+        for ``clipper apply`` to recognise (see docs/cli.md). Before anything is sent the
+        model is checked against ``input_type`` and ``input_size`` (values per input, when
+        known) and smoke-predicted (:func:`clipper.deployers.check`): a model that cannot
+        serve them is refused with a ConfigError of one line."""
         if (model is None) == (artifact is None):
             raise ClipperError("deploy_model needs exactly one of model= or artifact=")
-        from clipper.deployers import package  # only clients that deploy pay the import
+        # Only clients that deploy pay the import.
+        from clipper.deployers import MANIFEST, package, verify
 
         with tempfile.TemporaryDirectory(prefix="clipper-client-") as tmp:
             path = (
@@ -181,6 +186,11 @@ class Client:
                 if artifact is not None
                 else package(model, Path(tmp) / "artifact", framework=framework)
             )
+            if path.is_dir() and (path / MANIFEST).is_file():
+                try:
+                    verify(path, input_type=input_type, input_size=input_size)
+                except ConfigError as e:
+                    raise ConfigError(f"{name}:{version} refused: {e}") from e
             body = _archive(path)
         query = {
             "name": name,

@@ -123,6 +123,12 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     m.add_argument("--input-type", required=True, help=INPUT_TYPES.help())
     m.add_argument("--replicas", type=int, default=1)
     m.add_argument(
+        "--input-size",
+        type=int,
+        help="values per input the application sends: a model file declaring another width "
+        "is refused, and the smoke prediction uses it when the file declares none",
+    )
+    m.add_argument(
         "--framework", help="force the framework (sklearn, torch, onnx, xgboost, lightgbm, python)"
     )
     m.add_argument(
@@ -378,7 +384,8 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
             f"deploying {args.name}:{args.version} ({args.replicas} replicas)",
             lambda: client.deploy_model(
                 args.name, args.version, input_type=args.input_type,
-                num_replicas=args.replicas, batching=batching, **kwargs,
+                num_replicas=args.replicas, batching=batching, input_size=args.input_size,
+                **kwargs,
             ),
             args,
         )  # fmt: skip
@@ -386,7 +393,8 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
         raise
     except Exception as e:  # the framework's own failure while packaging: one line
         raise ConfigError(f"{path}: packaging the model failed: {type(e).__name__}: {e}") from e
-    return f"deployed {args.name}:{args.version}: {args.replicas} replicas ready, serving"
+    replicas = f"{args.replicas} replica{'' if args.replicas == 1 else 's'}"
+    return f"deployed {args.name}:{args.version}: {replicas} ready, serving"
 
 
 def _progress(what: str, call: Callable[[], T], args: argparse.Namespace) -> T:

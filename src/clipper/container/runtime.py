@@ -554,6 +554,11 @@ def serve(
     setup = getattr(model, "setup", None)
     if callable(setup):
         setup()
+    # Before registering, so a replica that cannot answer never reports ready: the model file's
+    # declared input against this version's input type, and a smoke prediction.
+    from clipper.deployers import check  # in-function: plain pickled models need none of it
+
+    check(model, input_type=input_type)
     # The loaded model and its framework live as long as the process: keep them out of the
     # cyclic collector, whose full passes over them stall a batch for tens of milliseconds.
     gc.collect()
@@ -847,6 +852,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ArtifactUnavailable:
         return 0  # told to leave while fetching
+    except ConfigError as e:  # the model refused at load: one line, it says what to fix
+        _log.error("[%s:%s pid=%d] model refused: %s", args.name, args.version, os.getpid(), e)
+        return 2
     except Exception:
         _log.exception("[%s:%s pid=%d] container failed", args.name, args.version, os.getpid())
         return 1

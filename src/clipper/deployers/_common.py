@@ -1,9 +1,11 @@
-"""Pieces every framework deployer shares: the manifest, optional imports, output rows."""
+"""Pieces every framework deployer shares: the manifest, optional imports, output rows, and
+what a model says about its input (:class:`InputSpec`) with the checks built on it."""
 
 from __future__ import annotations
 
 import importlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -14,8 +16,12 @@ from clipper.errors import ConfigError
 __all__ = [
     "FORMAT",
     "MANIFEST",
+    "SMOKE_ROWS",
+    "InputSpec",
     "Predictor",
+    "check_width",
     "has_base",
+    "input_spec",
     "read_manifest",
     "require",
     "rows",
@@ -42,6 +48,39 @@ class Predictor(Protocol):
     """What :func:`clipper.deployers.load` returns: one output per input."""
 
     def predict(self, inputs: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class InputSpec:
+    """What a model file says about one input: ``width`` values per input (None: the format
+    does not say) and ``source``, where that was read, for messages ("scikit-learn
+    n_features_in_", "ONNX input 'x' [3, 2] tensor(float)")."""
+
+    width: int | None
+    source: str
+
+
+# A smoke prediction runs this many generated inputs: more than one, so "one output per input"
+# is checked, and fewer than most fixed batch sizes, so padding is exercised.
+SMOKE_ROWS = 2
+
+
+def input_spec(model: object) -> InputSpec | None:
+    """The loaded model's :class:`InputSpec`, or None when its loader could not tell."""
+    spec = getattr(model, "input_spec", None)
+    return spec if isinstance(spec, InputSpec) else None
+
+
+def check_width(spec: InputSpec | None, arr: Any) -> None:
+    """Fail a numeric batch whose inputs are not as wide as the model takes, naming both: the
+    frameworks' own messages ("index: 1 Got: 3 Expected: 2") do not say which side is wrong."""
+    if spec is None or spec.width is None or getattr(arr, "ndim", 0) != 2:
+        return
+    if arr.shape[1] != spec.width:
+        raise ValueError(
+            f"the model takes inputs of {spec.width} values ({spec.source}); "
+            f"this input has {arr.shape[1]}"
+        )
 
 
 def require(module: str, framework: str, action: str) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from clipper.deployers._common import has_base, require, rows, stack
+from clipper.deployers._common import InputSpec, check_width, has_base, require, rows, stack
 from clipper.errors import ConfigError
 
 FILE = "model.txt"
@@ -43,9 +43,13 @@ class LightGBMModel:
     def __init__(self, booster: Any, classes: list[Any] | None) -> None:
         self.booster = booster
         self.classes = None if classes is None else np.asarray(classes)
+        width = int(booster.num_feature())
+        self.input_spec = InputSpec(width, "LightGBM num_feature") if width > 0 else None
 
     def predict(self, inputs: Any) -> list[Any]:
-        out = self.booster.predict(stack(inputs, None))
+        x = stack(inputs, None)
+        check_width(self.input_spec, x)
+        out = self.booster.predict(x)
         if self.classes is None:
             return rows(out)
         # As LGBMClassifier.predict: argmax of [1 - p, p] (binary) or of the class columns.

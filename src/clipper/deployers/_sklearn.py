@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import numpy as np
 
 from clipper.deployers import _python
-from clipper.deployers._common import has_base, require, rows
+from clipper.deployers._common import InputSpec, check_width, has_base, require, rows
 
 FILE = "model.pkl"
 _log = logging.getLogger("clipper.deployers")
@@ -44,10 +45,19 @@ def save(model: object, dest: Path) -> dict[str, Any]:
 class SklearnModel:
     def __init__(self, estimator: Any) -> None:
         self.estimator = estimator
+        # Set by fit on numeric data (a pipeline reports its first step's); text and dict
+        # pipelines have none, and then nothing is checked or generated.
+        width = getattr(estimator, "n_features_in_", None)
+        self.input_spec = (
+            InputSpec(int(width), "scikit-learn n_features_in_")
+            if isinstance(width, int | np.integer)
+            else None
+        )
 
     def predict(self, inputs: Any) -> list[Any]:
         # Passed through as they come: a numeric (n, d) array, or the strings or JSON values
         # that text and dict-vectorising pipelines take.
+        check_width(self.input_spec, inputs)
         return rows(self.estimator.predict(inputs))
 
 

@@ -12,7 +12,15 @@ import cloudpickle
 import numpy as np
 
 from clipper.deployers import _python
-from clipper.deployers._common import has_base, require, rows, stack, writable
+from clipper.deployers._common import (
+    InputSpec,
+    check_width,
+    has_base,
+    require,
+    rows,
+    stack,
+    writable,
+)
 
 SCRIPT_FILE = "model.pt"
 PICKLE_FILE = "model.pkl"
@@ -52,14 +60,37 @@ class TorchModel:
         self.module = module
         self.torch = torch
         self.dtype = dtype
+        self.input_spec = _sequential_width(module)
 
     def predict(self, inputs: Any) -> list[Any]:
-        x = self.torch.from_numpy(writable(stack(inputs, self.dtype)))
+        arr = stack(inputs, self.dtype)
+        check_width(self.input_spec, arr)
+        x = self.torch.from_numpy(writable(arr))
         with self.torch.no_grad():  # thread-local: set on the predict thread itself
             out = self.module(x)
         if not isinstance(out, self.torch.Tensor):
             raise TypeError(f"the module returned {type(out).__name__}, expected a tensor")
         return rows(out.detach().cpu().numpy())
+
+
+def _sequential_width(module: Any) -> InputSpec | None:
+    """The input width of a ``Sequential`` that starts with a ``Linear`` (scripted or not).
+
+    Only there is the width certain from the module alone: any other ``forward`` may reshape
+    its input before its first layer, so nothing is read from it (no check, no smoke input).
+    """
+    name = getattr(module, "original_name", type(module).__name__)
+    if name != "Sequential":
+        return None
+    first = next(iter(module.children()), None)
+    if first is None or getattr(first, "original_name", type(first).__name__) != "Linear":
+        return None
+    width = getattr(first, "in_features", None)
+    return (
+        InputSpec(width, "in_features of the first Linear layer")
+        if isinstance(width, int)
+        else None
+    )
 
 
 def load(path: Path, manifest: dict[str, Any]) -> TorchModel:

@@ -6,7 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from clipper.deployers._common import has_base, require, rows, stack, type_modules
+from clipper.deployers._common import (
+    InputSpec,
+    check_width,
+    has_base,
+    require,
+    rows,
+    stack,
+    type_modules,
+)
 from clipper.errors import ConfigError
 
 FILE = "model.json"
@@ -42,9 +50,15 @@ class XGBoostModel:
     def __init__(self, model: Any, booster: bool) -> None:
         self.model = model
         self.booster = booster
+        try:
+            width = int((model if booster else model.get_booster()).num_features())
+        except Exception:  # an unfitted or odd model: nothing to check against
+            width = 0
+        self.input_spec = InputSpec(width, "XGBoost num_features") if width > 0 else None
 
     def predict(self, inputs: Any) -> list[Any]:
         x = stack(inputs, None)
+        check_width(self.input_spec, x)
         if self.booster:
             # inplace_predict reads numpy directly: no DMatrix per batch.
             return rows(self.model.inplace_predict(x))

@@ -35,6 +35,8 @@ __all__ = ["Control", "LiveVersionError"]
 log = logging.getLogger("clipper")
 
 _GIVE_UP_AFTER_RESTARTS = 3
+# What a container logs before the reason it refuses its model (clipper.container.runtime).
+_REFUSED = "model refused: "
 
 
 class LiveVersionError(RegistryError):
@@ -366,10 +368,16 @@ class Control:
                 if p.restarts >= _GIVE_UP_AFTER_RESTARTS
             ]
             if failed:
+                tail = failed[0].log_tail()
+                # A container that refuses its model says why in one line: that line is the
+                # answer (docs/deployers.md), not a screen of log.
+                refused = [ln for ln in tail.splitlines() if _REFUSED in ln]
+                if refused:
+                    reason = refused[-1].split(_REFUSED, 1)[1]
+                    raise ReplicaError(f"{name}:{version} refused by its container: {reason}")
                 raise ReplicaError(
                     f"replica {failed[0].slot} of {name}:{version} exited {failed[0].restarts} "
-                    f"times (last exit code {failed[0].last_exit}); its log ends with:\n"
-                    f"{failed[0].log_tail()}"
+                    f"times (last exit code {failed[0].last_exit}); its log ends with:\n{tail}"
                 )
             remaining = deadline - self.clock.now()
             if remaining <= 0:
