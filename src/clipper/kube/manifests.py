@@ -331,7 +331,12 @@ def frontend_objects(s: KubeSettings, keys: dict[str, str]) -> list[dict[str, An
             {"name": "rpc", "containerPort": s.rpc_port},
             {"name": "grpc", "containerPort": s.grpc_port},
         ],
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": "query"}, "periodSeconds": 2},
+        # Model errors do not take a frontend out of its Service: every frontend serves the same
+        # models, so a failing model would take every application out (docs/query-api.md).
+        "readinessProbe": {
+            "httpGet": {"path": "/ready?ignore=model_errors", "port": "query"},
+            "periodSeconds": 2,
+        },
         "livenessProbe": {
             "httpGet": {"path": "/health", "port": "query"},
             "initialDelaySeconds": 10,

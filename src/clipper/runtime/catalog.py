@@ -193,6 +193,16 @@ class Catalog:
         reading = sched.health.reading()
         return reading if reading.failing else None
 
+    def failing_models(self) -> list[dict[str, object]]:
+        """Every version serving now whose answers over the last minute are mostly errors: its
+        ``model``, ``version``, error rate and latest error."""
+        out: list[dict[str, object]] = []
+        for (name, version), sched in self.schedulers():
+            reading = sched.health.reading()
+            if reading.failing:
+                out.append({"model": name, "version": version, **reading.as_json()})
+        return out
+
     def reasons(self, *, model_errors: bool = True) -> list[str]:
         """Why the frontend is not ready, one line per linked model that cannot answer its
         application: its current version has no replica connected (yet), or it has no current
