@@ -171,3 +171,17 @@ def test_a_model_failing_most_queries_is_not_ready_then_ready_again(two_apps: Fr
     assert not catalog.app_ready(bad)
     f.clock.advance(WINDOW_S + STEP_S)
     assert catalog.app_ready(bad) and catalog.failing_models() == []
+
+
+def test_status_shows_a_pipelines_stages_as_its_linked_models() -> None:
+    from clipper.cli_ops import _linked
+
+    pipeline = {
+        "linked_models": [],
+        "stages": [
+            {"name": "embed", "model": "encoder", "app": None},
+            {"name": "rank", "model": None, "app": "ranker"},
+        ],
+    }
+    assert _linked(pipeline) == ["embed=encoder", "rank=app:ranker"]
+    assert _linked({"linked_models": ["m"], "stages": None}) == ["m"]
