@@ -281,7 +281,8 @@ async def test_a_model_failing_every_query_is_not_ready_where_operators_look(
         for i in range(MIN_ANSWERED):
             doc = await predict_ok(c.query_url, "broken", {"input": [float(i)]})
             assert doc["default"] is True
-            assert (await predict_ok(c.query_url, "sums", {"input": [float(i)]}))["default"] is False
+            ok = await predict_ok(c.query_url, "sums", {"input": [float(i)]})
+            assert ok["default"] is False
 
         ready = await request(f"{c.query_url}/ready")
         assert ready.status == 503
