@@ -241,6 +241,8 @@ def _status(client: Client, args: argparse.Namespace) -> int:
         {
             **a,
             "slo_ms": a["latency_slo_micros"] / 1000,
+            "linked_models": _linked(a),
+            "ready": _yes_no(a.get("ready")),
             "errors": _pct(a["error_fraction"]),
             "defaults": _pct(a["default_fraction"]),
         }
@@ -251,9 +253,15 @@ def _status(client: Client, args: argparse.Namespace) -> int:
             **m,
             "current": "yes" if m["is_current_version"] else "",
             "replicas": f"{m['connected_replicas']}/{m['num_replicas']}",
+            "errors": _pct(m.get("error_fraction")),
+            "defaults": _pct(m.get("default_fraction")),
         }
         for m in status["models"]
     ]
+    # Why each application that cannot answer cannot (a failing model: its error rate and
+    # latest error), under the tables where an operator reads on.
+    unready = [(a["name"], a.get("reasons") or []) for a in status["applications"]]
+    unready = [(name, why) for name, why in unready if why]
     sections = (
         (f"applications (rates over the last {status['window_s']:g} s):", apps, _APP_COLUMNS),
         ("models:", models, _MODEL_COLUMNS),
@@ -262,6 +270,11 @@ def _status(client: Client, args: argparse.Namespace) -> int:
     for title, rows, cols in sections:
         print(title)
         print(table(rows, cols) if rows else "  (none)")
+    if unready:
+        print("not ready:")
+        for _, why in unready:
+            for line in why:
+                print(f"  {line}")
     if scaled:
         print("autoscaling:")
         print(table(scaled, list(scaled[0])))
@@ -269,12 +282,31 @@ def _status(client: Client, args: argparse.Namespace) -> int:
 
 
 _APP_COLUMNS = [
-    "name", "input_type", "slo_ms", "linked_models", "qps", "p50_ms", "p99_ms", "errors",
-    "defaults",
+    "name", "input_type", "slo_ms", "linked_models", "ready", "qps", "p50_ms", "p99_ms",
+    "errors", "defaults",
 ]  # fmt: skip
 _MODEL_COLUMNS = [
     "model_name", "model_version", "current", "replicas", "queue_depth", "model_errors_per_s",
+    "errors", "defaults",
 ]  # fmt: skip
+
+
+def _linked(app: dict[str, Any]) -> list[str]:
+    """An application's linked models; a pipeline's stages as ``stage=model`` (or
+    ``stage=app:NAME`` for a stage that asks another application)."""
+    stages = app.get("stages")
+    if not stages:
+        return list(app["linked_models"])
+    return [
+        f"{s['name']}={s['model']}" if s.get("model") else f"{s['name']}=app:{s['app']}"
+        for s in stages
+    ]
+
+
+def _yes_no(value: object) -> str | None:
+    return None if value is None else ("yes" if value else "no")
+
+
 _REPLICA_COLUMNS = [
     "model_name", "model_version", "replica", "state", "location", "restarts", "last_exit", "pid",
     "in_flight_batches", "seconds_since_heard", "log",

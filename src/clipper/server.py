@@ -242,7 +242,7 @@ class Clipper:
                 manager=self.manager, selection=self.query.selection.current,
                 interval_s=config.dashboard_sample_s, history_s=config.dashboard_history_s,
                 max_clients=config.dashboard_max_clients,
-                token_required=config.admin_token is not None,
+                token_required=config.admin_token is not None, window=self.metrics_window,
             )  # fmt: skip
         admin_routes = AdminRoutes(self.admin, config.admin_token, self.dashboard)
         self.admin_http = HttpServer(

@@ -17,12 +17,13 @@ import orjson
 import pytest
 
 from clipper import Clipper
+from clipper.batching.health import MIN_ANSWERED
 from clipper.client import Client
 from clipper.declarative.export import to_document
 from clipper.deployers import package
 from tests.integration import models
 from tests.integration.frontend_process import SRC, FrontendProcess
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import predict_ok, request, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -264,3 +265,54 @@ async def test_stop_ends_the_frontend_of_a_state_directory(tmp_path: Path) -> No
         assert code == 0 and "nothing to stop" in out
     finally:
         fe.cleanup()
+
+
+async def test_a_model_failing_every_query_is_not_ready_where_operators_look(
+    tmp_path: Path,
+) -> None:
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path / "s") as c:
+        await c.register_application("broken", "doubles", "-1", 1_000_000, cache=False)
+        await c.deploy_model("chatty", "1", models.chatty_failure, input_type="doubles")
+        await c.link_model_to_app("broken", "chatty")
+        await c.register_application("sums", "doubles", "-1", 1_000_000)
+        await c.deploy_model("summer", "1", models.row_sums, input_type="doubles")
+        await c.link_model_to_app("sums", "summer")
+        assert (await request(f"{c.query_url}/ready")).status == 200  # connected: ready so far
+        for i in range(MIN_ANSWERED):
+            doc = await predict_ok(c.query_url, "broken", {"input": [float(i)]})
+            assert doc["default"] is True
+            ok = await predict_ok(c.query_url, "sums", {"input": [float(i)]})
+            assert ok["default"] is False
+
+        ready = await request(f"{c.query_url}/ready")
+        assert ready.status == 503
+        body = orjson.loads(ready.body)
+        [why] = body["reasons"]
+        assert why.startswith(f"application 'broken': model 'chatty:1' answered {MIN_ANSWERED} ")
+        assert "(100% in the last 60 s" in why and "cannot take a batch of 1" in why
+        [failing] = body["failing_models"]
+        assert (failing["model"], failing["error_fraction"]) == ("chatty", 1.0)
+        assert (await request(f"{c.query_url}/broken/ready")).status == 503
+        v2 = await request(f"{c.query_url}/v2/models/broken/ready")  # V2's "not ready": 400
+        assert v2.status == 400 and orjson.loads(v2.body)["reasons"] == [why]
+        # The healthy application on the same frontend stays ready.
+        assert (await request(f"{c.query_url}/sums/ready")).status == 200
+
+        code, out, _ = await cli(c, "status", "--json")
+        status = orjson.loads(out)
+        apps = {a["name"]: a for a in status["applications"]}
+        assert apps["broken"]["ready"] is False and apps["sums"]["ready"] is True
+        assert apps["broken"]["error_fraction"] == 1.0 and apps["broken"]["default_fraction"] == 1.0
+        by_model = {m["model_name"]: m for m in status["models"]}
+        assert by_model["chatty"]["failing"] is True and by_model["chatty"]["error_fraction"] == 1.0
+        assert by_model["summer"]["error_fraction"] == 0.0
+        code, out, _ = await cli(c, "status")
+        assert code == 0
+        lines = out.splitlines()
+        [broken_row] = [line for line in lines if line.startswith("broken ")]
+        assert broken_row.split()[4:5] == ["no"]  # READY
+        assert "100.0%" in broken_row
+        [chatty_row] = [line for line in lines if line.startswith("chatty ") and "%" in line]
+        assert chatty_row.split()[-2:] == ["100.0%", "100.0%"]  # ERRORS, DEFAULTS
+        assert "not ready:" in lines
+        assert any("model 'chatty:1' answered" in line for line in lines)

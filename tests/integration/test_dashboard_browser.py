@@ -81,6 +81,9 @@ async def load(c: Clipper, stop_after_s: float = 120.0) -> AsyncIterator[dict[st
                 if rng.random() < 0.1:  # an application with no model: a default, always
                     await post_json(f"{c.query_url}/lonely/predict", {"input": [x]})
                     counts["queries"] += 1
+                if rng.random() < 0.3:  # a model that raises on every query
+                    await post_json(f"{c.query_url}/broken/predict", {"input": [x]})
+                    counts["queries"] += 1
                 if rng.random() < 0.3:
                     await post_json(f"{c.query_url}/pick/update", {"input": [x], "label": int(x)})
                     counts["feedback"] += 1
@@ -121,6 +124,9 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
         await c.link_model_to_app("pick", "right")
         await c.link_model_to_app("pick", "wrong")
         await c.register_application("lonely", "doubles", "-1", 20_000)  # linked to nothing
+        await c.deploy_model("chatty", "1", models.chatty_failure, input_type="doubles")
+        await c.register_application("broken", "doubles", "-1", 50_000, cache=False)
+        await c.link_model_to_app("broken", "chatty")
         deployed = time.monotonic()
         # The data needs the token; the page does not (a browser cannot send one on load).
         assert (await request(f"{c.admin_url}/dashboard/events")).status == 401
@@ -193,6 +199,34 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                     assert {"plot-latency-sums", "plot-latency-pick", "plot-weights-pick"} <= {
                         name for name, _ in drawn
                     }
+
+                    # The model failing every query: not ready, with its error rate, in the
+                    # applications and models tables; the healthy ones stay ready.
+                    async def failing_shown() -> Any:
+                        return await page.evaluate(
+                            """() => {
+                              const a = document.querySelector('#apps tr[data-app="broken"]');
+                              const s = document.querySelector('#apps tr[data-app="sums"]');
+                              const m = [...document.querySelectorAll('#models tbody tr')]
+                                .find((r) => r.cells[0].textContent === 'chatty');
+                              if (!a || !s || !m || a.dataset.ready !== 'no') return null;
+                              return {app: [...a.cells].map((td) => td.textContent),
+                                      sums: s.dataset.ready, model: m.dataset.failing,
+                                      modelCells: [...m.cells].map((td) => td.textContent),
+                                      why: a.cells[a.cells.length - 1].title};
+                            }"""
+                        )
+
+                    await wait_for(
+                        failing_shown, limit_s=30, interval=0.2,
+                        what="the failing model's application shown as not ready",
+                    )  # fmt: skip
+                    shown_failing = await failing_shown()
+                    assert shown_failing["app"][-3:] == ["100.0%", "100.0%", "not ready"]
+                    assert "model 'chatty:1' answered" in shown_failing["why"]
+                    assert shown_failing["sums"] == "yes" and shown_failing["model"] == "yes"
+                    assert shown_failing["modelCells"][-3:-1] == ["100.0%", "100.0%"]
+                    assert shown_failing["modelCells"][-1] == "failing"
 
                     shot = os.environ.get("CLIPPER_DASHBOARD_SCREENSHOT")
                     if shot:  # for the docs: let the load fill more of the plots first

@@ -10,11 +10,13 @@ from clipper.inputs import InputType
 from clipper.registry import Application, ModelVersion, Registry
 from clipper.rollout import Rollout
 from clipper.runtime.catalog import Catalog, SchedulerTable
+from tests.catalogs import quiet_health
 
 
 class Sched:
     def __init__(self, replicas: int) -> None:
         self.replicas: list[Any] = [object()] * replicas
+        self.health = quiet_health()
 
 
 def _sched(replicas: int = 1) -> ModelScheduler:

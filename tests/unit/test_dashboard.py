@@ -270,9 +270,14 @@ def test_replica_states_join_the_process_and_the_connection() -> None:
     assert by_slot[None]["location"] == "external"  # dialled in: no process of ours
     assert state["models"] == [
         {"name": "m", "version": "1", "current": True, "replicas_wanted": 1,
-         "replicas_ready": 2, "queue": 0, "batching": "aimd"},
+         "replicas_ready": 2, "queue": 0, "batching": "aimd", "error_fraction": None,
+         "default_fraction": None, "failing": False, "last_error": None},
     ]  # fmt: skip
     assert state["apps"][0]["name"] == "sums" and state["apps"][0]["slo_ms"] == 20.0
+    # No rates given (no window), nothing answered: the columns are empty, the app ready.
+    app = state["apps"][0]
+    assert (app["error_fraction"], app["default_fraction"]) == (None, None)
+    assert app["ready"] is True and app["reasons"] == []
 
 
 def test_policy_weights_of_each_policy_from_a_fresh_state() -> None:

@@ -114,6 +114,9 @@ def test_a_stopping_frontend_pod_has_the_time_to_drain(keys: dict[str, str]) -> 
     pod = objs[("StatefulSet", "clipper-frontend")]["spec"]["template"]["spec"]
     # The delay, the drain, then the replicas' stop, before Kubernetes' SIGKILL.
     assert pod["terminationGracePeriodSeconds"] >= delay + drain + 5
+    # A failing model keeps no frontend out of the Service: every frontend serves it alike.
+    [frontend] = pod["containers"]
+    assert frontend["readinessProbe"]["httpGet"]["path"] == "/ready?ignore=model_errors"
 
 
 def test_frontends_get_stable_identities_and_the_rbac_their_manager_needs(

@@ -166,6 +166,7 @@ async def test_ready_lists_the_models_without_replicas(inproc_frontend: InProces
         assert doc == {
             "ready": True,
             "models_without_replicas": [],
+            "failing_models": [],
             "reasons": [],
             "draining": False,
         }
@@ -176,6 +177,7 @@ async def test_ready_lists_the_models_without_replicas(inproc_frontend: InProces
         assert doc == {
             "ready": False,
             "models_without_replicas": ["m:1"],
+            "failing_models": [],
             "reasons": ["application 'waiting': model 'm:1' has no replica connected"],
             "draining": False,
         }
@@ -382,7 +384,8 @@ async def test_readiness_routes_refuse_what_they_do_not_take(
     assert cause.startswith("unknown model 'nope'"), cause
     for path, needle in [
         ("/ready?version=1", "takes ?app=<application>[&version=<version>]"),
-        ("/ready?ap=lonely", "unknown parameter 'ap'; it takes app, version"),
+        ("/ready?ap=lonely", "unknown parameter 'ap'; it takes app, version, ignore"),
+        ("/ready?ignore=replicas", "parameter 'ignore' takes only 'model_errors'"),
         ("/ready?app=lonely&app=other", "parameter 'app' is given more than once"),
         ("/ready?app=", "parameter 'app' is empty"),
         ("/lonely/ready?app=lonely", "unknown parameter 'app'; it takes version"),

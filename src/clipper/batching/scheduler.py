@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from clipper.batching.controllers import BatchController, make_controller
 from clipper.batching.decision import Wait, decide
+from clipper.batching.health import ModelHealth, Totals
 from clipper.batching.model_errors import ModelErrorLog
 from clipper.batching.queue import ModelQueue, Task
 from clipper.batching.wait import WaitPolicy, make_wait_policy
@@ -176,12 +177,20 @@ class ModelScheduler:
         self.overran = 0
         self.lag_shed = 0
         self.abandoned = 0
+        # Inputs the model answered, and those answered with an error (for :attr:`health`).
+        self.answered_inputs = 0
+        self.error_inputs = 0
+        self.health = ModelHealth(clock, self._health_totals)
         # Probing (see _probe): admission lets everything in until _probe_until.
         self.probes = 0
         self._probe_until = float("-inf")
         self._window_at = clock.now()
         self._window_offered = 0
         self._window_shed = 0
+
+    def _health_totals(self) -> Totals:
+        missed = self.shed + self.late + self.stalled + self.overran + self.lag_shed
+        return (self.offered, self.answered_inputs, self.error_inputs, missed)
 
     # replicas
     def _new_controller(self) -> BatchController:
@@ -529,9 +538,13 @@ class ModelScheduler:
         self._update_capacity()
         if error is None and outputs is not None and len(outputs) != len(tasks):
             error = f"predict returned {len(outputs)} outputs for {len(tasks)} inputs"
+        self.health.step()
+        self.answered_inputs += len(tasks)
         if error is not None or outputs is None:
             self._errors.inc()
             self._error_log.failed(error or "no outputs", len(tasks))
+            self.error_inputs += len(tasks)
+            self.health.failed(error or "no outputs")
             exc = ModelError(error or "no outputs")
             for task in tasks:
                 self._deliver(task, None, exc)
@@ -545,6 +558,8 @@ class ModelScheduler:
                         refused = True
                         self._errors.inc()
                         self._error_log.failed(out.reason, len(tasks))
+                        self.health.failed(out.reason)
+                    self.error_inputs += 1
                     self._deliver(task, None, ModelOutputError(out.reason))
                 elif task.key is not None:
                     cache.complete(task.key, out, per_item, replica)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from clipper.clock import Clock, TimerHandle
     from clipper.managers.base import ContainerManager
     from clipper.metrics import Metrics
+    from clipper.metrics_window import MetricsWindow
     from clipper.query.selection import Selection
     from clipper.runtime.catalog import Catalog
 
@@ -96,6 +97,7 @@ class Dashboard:
         token_required: bool = False,
         max_client_buffer: int = MAX_CLIENT_BUFFER,
         load: Callable[[], Assets] = load_assets,
+        window: MetricsWindow | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ConfigError(f"the dashboard's sample interval must be > 0 s, got {interval_s}")
@@ -106,6 +108,7 @@ class Dashboard:
         self.sampler = Sampler(
             clock=clock, metrics=metrics, catalog=catalog,
             manager=manager, selection=selection, history=self.history, interval_s=interval_s,
+            window=window,
         )  # fmt: skip
         self.hub = EventHub(max_clients=max_clients, max_buffer_bytes=max_client_buffer)
         self.sampler.on_sample = self._publish

@@ -39,6 +39,7 @@ from clipper.metrics import (
 if TYPE_CHECKING:
     from clipper.clock import Clock, TimerHandle
     from clipper.managers.base import ContainerManager
+    from clipper.metrics_window import MetricsWindow
     from clipper.query.selection import Selection
     from clipper.runtime.catalog import Catalog
 
@@ -107,7 +108,10 @@ class Sampler:
         selection: Callable[[str], Selection | None],
         history: History,
         interval_s: float,
+        window: MetricsWindow | None = None,
     ) -> None:
+        # The applications' rates over the last minute (None: the tables show none).
+        self.window = window
         self.clock = clock
         self.metrics = metrics
         self.catalog = catalog
@@ -173,7 +177,8 @@ class Sampler:
 
     def refresh_state(self) -> dict[str, Any]:
         """Read the applications, models and replicas now (also between samples)."""
-        self.state = runtime_state(self.catalog, self.manager)
+        rates = self.window.app_rates() if self.window is not None else None
+        self.state = runtime_state(self.catalog, self.manager, rates)
         return self.state
 
     def _collect(self, dt: float) -> dict[str, Value]:

@@ -15,7 +15,7 @@ Replicas that dial in from elsewhere (``--manager external://``) have no process
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from clipper.errors import ConfigError
@@ -52,9 +52,18 @@ def _replica_state(
     return "restarting" if restarts else "starting"
 
 
-def runtime_state(catalog: Catalog, manager: ContainerManager) -> dict[str, Any]:
-    """``{"apps": [...], "models": [...], "replicas": [...]}``: plain JSON values, sorted."""
+def runtime_state(
+    catalog: Catalog,
+    manager: ContainerManager,
+    rates: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """``{"apps": [...], "models": [...], "replicas": [...]}``: plain JSON values, sorted.
+
+    ``rates``: each application's rates over the last minute
+    (:meth:`~clipper.metrics_window.MetricsWindow.app_rates`); without them an application's
+    error and default rates are None. A model version's come from its scheduler's window."""
     registry = catalog.registry
+    rates = rates or {}
     apps = [
         {
             "name": app.name,
@@ -65,6 +74,11 @@ def runtime_state(catalog: Catalog, manager: ContainerManager) -> dict[str, Any]
             "default_output": app.default_output,
             "cache": app.cache,
             "overload": app.overload,
+            "ready": not (why := catalog.app_reasons(app)),
+            "reasons": why,
+            # Over the last minute, per query (None: no query in it).
+            "error_fraction": rates.get(app.name, {}).get("error_fraction"),
+            "default_fraction": rates.get(app.name, {}).get("default_fraction"),
         }
         for app in sorted(registry.apps.values(), key=lambda a: a.name)
     ]
@@ -76,6 +90,7 @@ def runtime_state(catalog: Catalog, manager: ContainerManager) -> dict[str, Any]
             sched = catalog.scheduler(name, version)
             live = sched.replicas if sched is not None else []
             connected.update((r.address, r) for r in live if r.address)
+            health = sched.health.reading() if sched is not None else None
             models.append(
                 {
                     "name": name,
@@ -85,6 +100,11 @@ def runtime_state(catalog: Catalog, manager: ContainerManager) -> dict[str, Any]
                     "replicas_ready": sum(not r.draining for r in live),
                     "queue": len(sched.queue) if sched is not None else 0,
                     "batching": mv.batching.controller,
+                    # Over the last minute, per input; failing: mostly errors, not ready.
+                    "error_fraction": health.error_fraction if health else None,
+                    "default_fraction": health.default_fraction if health else None,
+                    "failing": health.failing if health else False,
+                    "last_error": health.last_error if health else None,
                 }
             )
     replicas = []

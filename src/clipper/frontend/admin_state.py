@@ -27,7 +27,7 @@ from clipper.frontend.admin_fields import (
 )
 from clipper.managers.base import ContainerManager
 from clipper.metrics_window import MetricsWindow
-from clipper.registry import ModelVersion, Registry
+from clipper.registry import Application, ModelVersion, Registry
 from clipper.runtime.artifacts import upload_dir
 
 if TYPE_CHECKING:
@@ -245,6 +245,10 @@ class StateRoutes:
                 "latency_slo_micros": app.latency_slo_micros,
                 "policy": app.policy,
                 "linked_models": reg.linked_models(app.name),
+                # A pipeline links no model: its stages are what it answers with.
+                "stages": _stages(app),
+                "ready": not (why := self.catalog.app_reasons(app)),
+                "reasons": why,
                 **rates.get(app.name, idle),
             }
             for app in sorted(reg.apps.values(), key=lambda a: a.name)
@@ -254,6 +258,7 @@ class StateRoutes:
         for name in sorted(reg.models):
             for mv in reg.models[name].values():
                 sched = self.catalog.scheduler(*mv.key)
+                health = sched.health.reading() if sched is not None else None
                 models.append(
                     {
                         "model_name": mv.name,
@@ -264,6 +269,16 @@ class StateRoutes:
                         "connected_replicas": len(sched.replicas) if sched else 0,
                         "queue_depth": len(sched.queue) if sched else 0,
                         "model_errors_per_s": errors.get(mv.key),
+                        # Over the last minute, per input (None: none answered or offered).
+                        "error_fraction": health.error_fraction if health else None,
+                        "default_fraction": health.default_fraction if health else None,
+                        "failing": health.failing if health else False,
+                        "last_error": health.last_error if health else None,
+                        "reason": (
+                            health.reason(f"{mv.name}:{mv.version}")
+                            if health is not None and health.failing
+                            else None
+                        ),
                     }
                 )
         return json_reply(
@@ -347,6 +362,13 @@ def _connection(r: Replica | None, now: float) -> dict[str, Any]:
 def _log_name(manager: ContainerManager, model: str, version: str, slot: int) -> str | None:
     path = (manager.log_files(model, version) or {}).get(slot)
     return path.name if path is not None else None
+
+
+def _stages(app: Application) -> list[dict[str, str | None]] | None:
+    """A pipeline's stages (each names a model or an application); None for other apps."""
+    if app.stages is None:
+        return None
+    return [{"name": s.name, "model": s.model, "app": s.app} for s in app.stages.stages.values()]
 
 
 def _no_traffic() -> dict[str, Any]:

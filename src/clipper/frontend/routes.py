@@ -196,20 +196,30 @@ class QueryRoutes:
                 return
             if path in ("/ready", "/health/ready"):
                 query = headers.get(b":query")
-                if query:  # ?app=NAME[&version=V]: one application
-                    params = _params(query, ("app", "version"), path)
-                    if "app" not in params:
-                        raise BadInputError(
-                            f"GET {path} takes ?app=<application>[&version=<version>] (one "
-                            "application), or no parameters (the whole frontend)"
-                        )
+                params = _params(query, ("app", "version", "ignore"), path) if query else {}
+                if params.get("ignore", "model_errors") != "model_errors":
+                    raise BadInputError(
+                        f"GET {path}: parameter 'ignore' takes only 'model_errors' (got "
+                        f"{params['ignore']!r})"
+                    )
+                if "app" in params:  # ?app=NAME[&version=V]: one application
                     self._app_ready(respond, params["app"], params.get("version"))
                     return
-                reasons = self.svc.catalog.reasons()
+                if "version" in params:
+                    raise BadInputError(
+                        f"GET {path} takes ?app=<application>[&version=<version>] (one "
+                        "application), or no parameters (the whole frontend)"
+                    )
+                # ?ignore=model_errors: what a load balancer in front of several frontends
+                # probes. A model that fails on one frontend fails on all of them; taking
+                # frontends out of rotation for it would take out every healthy app too.
+                catalog = self.svc.catalog
+                reasons = catalog.reasons(model_errors="ignore" not in params)
                 json_response(
                     respond, 200 if not reasons else 503,
-                    {"ready": not reasons, "models_without_replicas": self.svc.catalog.unready(),
-                     "reasons": reasons, "draining": self.svc.catalog.withdrawn is not None},
+                    {"ready": not reasons, "models_without_replicas": catalog.unready(),
+                     "failing_models": catalog.failing_models(), "reasons": reasons,
+                     "draining": catalog.withdrawn is not None},
                 )  # fmt: skip
                 return
             if path.endswith(("/ready", "/ready/")):

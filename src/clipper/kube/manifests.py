@@ -528,7 +528,12 @@ def frontend_objects(
             {"name": "rpc", "containerPort": s.rpc_port},
             {"name": "grpc", "containerPort": s.grpc_port},
         ],
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": "query"}, "periodSeconds": 2},
+        # Model errors do not take a frontend out of its Service: every frontend serves the same
+        # models, so a failing model would take every application out (docs/query-api.md).
+        "readinessProbe": {
+            "httpGet": {"path": "/ready?ignore=model_errors", "port": "query"},
+            "periodSeconds": 2,
+        },
         "livenessProbe": {
             "httpGet": {"path": "/health", "port": "query"},
             "initialDelaySeconds": 10,

@@ -10,13 +10,16 @@ readiness rules are written once. ``GET /ready``, ``/v2/health/ready`` and gRPC'
 ``ServerReady`` all read :meth:`Catalog.reasons` (the whole frontend), which also says when the
 frontend withdrew its readiness (:meth:`Catalog.withdraw`: it is stopping, and drains what it
 holds); ``GET /<app>/ready``, V2's model ready and gRPC's ``ModelReady`` read
-:meth:`Catalog.app_reasons` (one application).
+:meth:`Catalog.app_reasons` (one application). A version with replicas connected whose answers
+over the last minute are mostly errors is not ready either, in both: the reason names it, its
+error rate and its latest error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, ItemsView, Mapping, ValuesView
 
+from clipper.batching.health import HealthReading
 from clipper.batching.scheduler import ModelScheduler
 from clipper.pipeline.spec import Pipeline
 from clipper.registry import Application, ModelVersion, Registry
@@ -181,11 +184,31 @@ class Catalog:
                     out.append(f"{name}:{mv.version}")
         return out
 
-    def reasons(self) -> list[str]:
+    def failing(self, model: str, version: str | None = None) -> HealthReading | None:
+        """The reading of ``model`` at ``version`` (None: current) when its answers over the
+        last minute are mostly errors (:attr:`HealthReading.failing`), else None."""
+        sched = self.scheduler(model, version)
+        if sched is None:
+            return None
+        reading = sched.health.reading()
+        return reading if reading.failing else None
+
+    def failing_models(self) -> list[dict[str, object]]:
+        """Every version serving now whose answers over the last minute are mostly errors: its
+        ``model``, ``version``, error rate and latest error."""
+        out: list[dict[str, object]] = []
+        for (name, version), sched in self.schedulers():
+            reading = sched.health.reading()
+            if reading.failing:
+                out.append({"model": name, "version": version, **reading.as_json()})
+        return out
+
+    def reasons(self, *, model_errors: bool = True) -> list[str]:
         """Why the frontend is not ready, one line per linked model that cannot answer its
         application: its current version has no replica connected (yet), or it has no current
-        version at all (deleted with force). Empty when ready: the readiness rule of the whole
-        frontend."""
+        version at all (deleted with force), or (unless ``model_errors`` is False) its answers
+        over the last minute are mostly errors. Empty when ready: the readiness rule of the
+        whole frontend."""
         out = [] if self.withdrawn is None else [self.withdrawn]
         for app, names in sorted(self.registry.links.items()):
             for name in names:
@@ -199,6 +222,8 @@ class Catalog:
                     out.append(
                         f"application '{app}': model '{name}:{mv.version}' has no replica connected"
                     )
+                elif model_errors and (bad := self.failing(name, mv.version)) is not None:
+                    out.append(f"application '{app}': {bad.reason(f'{name}:{mv.version}')}")
         return out
 
     def ready(self) -> bool:
@@ -210,7 +235,8 @@ class Catalog:
         ``ModelReady``). By kind, as the query path answers it:
 
         * a single model, or a split (its drawn versions fall back on the current one): the
-          current version (``version``, when pinned) has a replica connected;
+          current version (``version``, when pinned) has a replica connected and its answers
+          over the last minute are not mostly errors (:mod:`clipper.batching.health`);
         * a selection: at least one linked model's current version has one;
         * a pipeline: every required stage (no ``default``, not ``optional``) can run: its
           model's current version has a replica connected, or its application is ready.
@@ -255,7 +281,8 @@ class Catalog:
                 return [f"model '{name}' has no version '{version}'"]
             return [f"model '{name}' has no current version (it answers only default outputs)"]
         if self.live(name, mv.version) is not None:
-            return []
+            bad = self.failing(name, mv.version)
+            return [] if bad is None else [bad.reason(f"{name}:{mv.version}")]
         if mv.num_replicas == 0:
             return [f"model '{name}:{mv.version}' has no replica connected (none is configured: "
                     "num_replicas is 0)"]  # fmt: skip

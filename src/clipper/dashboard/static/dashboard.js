@@ -178,6 +178,19 @@
     return null;
   }
 
+  // A fraction over the last minute as a percentage ("–": nothing in it).
+  function pct(v) {
+    return v === null || v === undefined ? null : (v * 100).toFixed(1) + "%";
+  }
+
+  function readiness(td, text, why) {
+    const badge = document.createElement("span");
+    badge.className = "state " + (text === "ready" || text === "ok" ? "state-ready" : "state-failing");
+    badge.textContent = text;
+    if (why) td.title = why;  // the reason, on hover
+    td.replaceChildren(badge);
+  }
+
   function fill(id, rows) {
     const body = $(id).tBodies[0];
     body.replaceChildren(...rows);
@@ -197,6 +210,10 @@
       cell(tr, fixed(latest(`app/${a.name}/qps`), 1), "num");
       const p99 = latest(`app/${a.name}/p99_ms`);
       cell(tr, p99 === null ? null : fixed(p99, 2) + " ms", "num");
+      cell(tr, pct(a.error_fraction), "num errors");
+      cell(tr, pct(a.default_fraction), "num defaults");
+      tr.dataset.ready = a.ready ? "yes" : "no";
+      readiness(cell(tr, null), a.ready ? "ready" : "not ready", a.reasons.join("\n"));
       return tr;
     }));
     fill("models", st.models.map((m) => {
@@ -206,6 +223,11 @@
       cell(tr, `${m.replicas_ready}/${m.replicas_wanted}`, "num");
       cell(tr, m.queue, "num");
       cell(tr, m.batching);
+      cell(tr, pct(m.error_fraction), "num errors");
+      cell(tr, pct(m.default_fraction), "num defaults");
+      tr.dataset.failing = m.failing ? "yes" : "no";
+      // Mostly errors over the last minute: not ready, whatever its replicas say.
+      readiness(cell(tr, null), m.failing ? "failing" : "ok", m.last_error || "");
       return tr;
     }));
     fill("replicas", st.replicas.map((r) => {
