@@ -13,11 +13,14 @@ Contract, for clients that keep one connection to HAProxy open (keep-alive) and 
 that open one per request (``Connection: close``), each a variant:
 
 * configuration made on one frontend is served by the other (directly and through the balancer);
+  feedback (``POST /<app>/update``) reaches the page's ``feedback`` backend;
 * a steady closed loop of CLIENTS clients runs through the balancer for the whole test, and
   every request of it gets a 200 with its own model answer (the answer names its input): **0
   failed requests**, while the frontends are, in turn, SIGKILLed three times (a, b, a; each
   restarted on its ports and state directory and back in rotation before the next) and once
-  stopped gracefully with ``--drain-delay-s`` (the planned restart the page documents);
+  stopped gracefully with ``--drain-delay-s`` (the planned restart the page documents). The
+  clients send a request's body in a write after its headers, as most HTTP clients do: without
+  ``option http-buffer-request`` that loses a few requests per run;
 * before each kill or stop both frontends were serving the loop (the victim had requests in
   flight), and after each kill HAProxy retried something (the kill was exercised, not missed).
 
@@ -45,7 +48,14 @@ import orjson
 import pytest
 
 from tests.integration.frontend_process import FrontendProcess
-from tests.integration.helpers import Response, predict, request, wait_for, write_row_sums
+from tests.integration.helpers import (
+    Response,
+    post_json,
+    predict,
+    request,
+    wait_for,
+    write_row_sums,
+)
 from tests.integration.redis_server import free_port, terminate
 from tests.integration.test_store_convergence import DurableRedis
 
@@ -152,8 +162,8 @@ class HAProxy:
         if self.proc is not None:
             terminate(self.proc)
 
-    async def retries(self) -> int:
-        """Retries plus redispatches of the predict backend so far (HAProxy's stats CSV)."""
+    async def stats(self, backend: str) -> dict[str, str]:
+        """HAProxy's stats CSV row for ``backend`` (its totals)."""
         async with asyncio.timeout(5.0):
             reader, writer = await asyncio.open_connection("127.0.0.1", self.stats_port)
             try:
@@ -174,9 +184,14 @@ class HAProxy:
             rest = chunks
         body = rest.decode().lstrip("# ")
         for row in csv.DictReader(io.StringIO(body)):
-            if row["pxname"] == "frontends" and row["svname"] == "BACKEND":
-                return int(row["wretr"] or 0) + int(row["wredis"] or 0)
-        raise AssertionError(f"no 'frontends' backend in HAProxy's stats: {body[:500]}")
+            if row["pxname"] == backend and row["svname"] == "BACKEND":
+                return row
+        raise AssertionError(f"no backend {backend!r} in HAProxy's stats: {body[:500]}")
+
+    async def retries(self) -> int:
+        """Retries plus redispatches of the predict backend so far."""
+        row = await self.stats("frontends")
+        return int(row["wretr"] or 0) + int(row["wredis"] or 0)
 
 
 class LbFrontend(FrontendProcess):
@@ -290,7 +305,7 @@ class KeptConnection:
 @dataclass
 class ClosedLoop:
     """CLIENTS clients, each one request at a time through the balancer; every outcome kept,
-    with the phase (``phase``: what the test was doing) it happened in."""
+    a failure with the phase (``phase``: what the test was doing) its request was sent in."""
 
     url: str
     port: int
@@ -360,57 +375,66 @@ async def test_two_frontends_behind_haproxy_lose_no_request_when_one_is_killed(
     await wait_for(lambda: answered(lb.url, 2.0), limit_s=30, interval=0.1, what="lb answers")
     b_replicas = await b.admin_ok("get_replicas", {})
     assert [r["model_name"] for r in b_replicas] == [MODEL], b_replicas
+    # Feedback goes to the backend that retries only refused connections; predicts do not.
+    before = int((await lb.stats("feedback"))["hrsp_2xx"] or 0)
+    fb = await post_json(f"{lb.url}/{APP}/update", {"input": [1.0, 2.0], "label": 3.0})
+    assert fb.status == 200, (fb.status, fb.body)
+    assert int((await lb.stats("feedback"))["hrsp_2xx"] or 0) == before + 1
 
     fes = (a, b)
     loop = ClosedLoop(lb.url, lb.port, keep_alive)
     report: list[str] = []
     retried: list[int] = []
+
+    async def event(n: int, how: str, victim: LbFrontend) -> None:
+        """Kill (or stop) ``victim`` under the loop, then bring it back into rotation."""
+        # Both frontends in rotation and serving the loop (the victim has requests in flight
+        # when it goes).
+        base = {fe.name: await served_requests(fe) for fe in fes}
+        spread: dict[str, float] = {}
+
+        async def both_served() -> bool:
+            for fe in fes:
+                spread[fe.name] = await served_requests(fe) - base[fe.name]
+            return all(s >= BEFORE_EVENT for s in spread.values())
+
+        await wait_for(both_served, limit_s=60, interval=0.05, what="both frontends serving")
+        retries_before, ok_before = await lb.retries(), loop.ok
+        loop.phase = f"{how} {n + 1} ({victim.name})"
+        if how == "kill":
+            victim.kill()
+        else:
+            # A planned stop: SIGTERM, the drain (readiness withdrawn, DRAIN_DELAY_S of serving
+            # while HAProxy's checks see it), then exit 0. Polled, not waited on: the loop's
+            # clients run on this event loop.
+            proc = victim.proc
+            assert proc is not None
+            os.kill(proc.pid, signal.SIGTERM)
+            await wait_for(
+                lambda: proc.poll() is not None, limit_s=30, interval=0.05,
+                what=f"{victim.name} to drain and exit",
+            )  # fmt: skip
+            assert proc.returncode == 0, victim.log_tail()
+        await wait_for(
+            lambda: loop.ok >= ok_before + AFTER_EVENT or len(loop.failed) > 10,
+            limit_s=60, interval=0.05, what="the survivor to serve",
+        )  # fmt: skip
+        retried.append(await lb.retries() - retries_before)
+        report.append(
+            f"{loop.phase}: served before {spread}, HAProxy retries {retried[-1]}, "
+            f"failed so far {len(loop.failed)}"
+        )
+        # Back on its ports and state directory: it adopts the configuration from the store
+        # and starts its replica; HAProxy takes it back after `rise 2` good checks.
+        loop.phase = f"{victim.name} restarting after {how} {n + 1}"
+        await victim.start()
+        url = f"http://127.0.0.1:{victim.ports.query}"
+        await wait_for(lambda: ready(url), limit_s=60, interval=0.1, what="restart ready")
+
     clients = [asyncio.create_task(loop.client(c)) for c in range(CLIENTS)]
     try:
         for n, (how, which) in enumerate(EVENTS):
-            victim = fes[which]
-            # Both frontends in rotation and serving the loop (the victim has requests in
-            # flight when it goes).
-            base = {fe.name: await served_requests(fe) for fe in fes}
-            spread: dict[str, float] = {}
-
-            async def both_served() -> bool:
-                for fe in fes:
-                    spread[fe.name] = await served_requests(fe) - base[fe.name]
-                return all(s >= BEFORE_EVENT for s in spread.values())
-
-            await wait_for(both_served, limit_s=60, interval=0.05, what="both frontends serving")
-            retries_before, ok_before = await lb.retries(), loop.ok
-            loop.phase = f"{how} {n + 1} ({victim.name})"
-            if how == "kill":
-                victim.kill()
-            else:
-                # A planned stop: SIGTERM, the drain (readiness withdrawn, DRAIN_DELAY_S of
-                # serving while HAProxy's checks see it), then exit 0. Polled, not waited on:
-                # the loop's clients run on this event loop.
-                proc = victim.proc
-                assert proc is not None
-                os.kill(proc.pid, signal.SIGTERM)
-                await wait_for(
-                    lambda: proc.poll() is not None, limit_s=30, interval=0.05,
-                    what=f"{victim.name} to drain and exit",
-                )  # fmt: skip
-                assert proc.returncode == 0, victim.log_tail()
-            await wait_for(
-                lambda: loop.ok >= ok_before + AFTER_EVENT or len(loop.failed) > 10,
-                limit_s=60, interval=0.05, what="the survivor to serve",
-            )  # fmt: skip
-            retried.append(await lb.retries() - retries_before)
-            report.append(
-                f"{loop.phase}: served before {spread}, HAProxy retries {retried[-1]}, "
-                f"failed so far {len(loop.failed)}"
-            )
-            # Back on its ports and state directory: it adopts the configuration from the store
-            # and starts its replica; HAProxy takes it back after `rise 2` good checks.
-            loop.phase = f"{victim.name} restarting after {how} {n + 1}"
-            await victim.start()
-            url = f"http://127.0.0.1:{victim.ports.query}"
-            await wait_for(lambda: ready(url), limit_s=60, interval=0.1, what="restart ready")
+            await event(n, how, fes[which])
         loop.phase = "after the last restart"
     finally:
         loop.stop.set()
