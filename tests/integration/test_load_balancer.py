@@ -119,7 +119,7 @@ def test_the_documented_config_is_what_the_test_runs() -> None:
         "retries 3",
         "option redispatch 1",
         "retry-on conn-failure empty-response response-timeout",
-        "option httpchk GET /ready",
+        "option httpchk GET /ready?ignore=model_errors",
         "default-server inter 250ms fall 2 rise 2",
         "use_backend feedback if METH_POST feedback",
         "http-reuse never",
