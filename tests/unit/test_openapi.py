@@ -141,17 +141,15 @@ async def test_the_server_refuses_what_the_document_refuses(
     schema = request_schema(route)
     required = [f for f in fields if f.required]
     base = {f.name: _GOOD[f.kind] for f in required}
-    cases: list[tuple[dict[str, Any], str]] = []
-    for f in required:
-        cases.append(
-            (
-                {k: v for k, v in base.items() if k != f.name},
-                f"does not have required key: {f.name}",
-            )
-        )
-    for f in fields:
-        if f.check and f.schema is None:
-            cases.append(({**base, f.name: _BAD[f.kind]}, f"JSON key {f.name} expected type"))
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({k: v for k, v in base.items() if k != f.name}, f"does not have required key: {f.name}")
+        for f in required
+    ]
+    cases += [
+        ({**base, f.name: _BAD[f.kind]}, f"JSON key {f.name} expected type")
+        for f in fields
+        if f.check and f.schema is None
+    ]
     if FIELDS[route].closed:
         cases.append(({**base, "bogus": 1}, "unknown keys ['bogus']"))
     assert cases or not fields, route

@@ -116,8 +116,8 @@ SCHEMAS: dict[str, str] = {
     ),
     "upload_model": (
         "POST /admin/upload_model?name=<model>&version=<version>&input_type=<type>"
-        "[&num_replicas=<int>][&batching=<JSON object>][&source_sha256=<hex>] with the body a cloudpickle file or "
-        "a gzipped tar of an artifact directory (clipper.deployers.package)"
+        "[&num_replicas=<int>][&batching=<JSON object>][&source_sha256=<hex>] with the body "
+        "a cloudpickle file or a gzipped tar of an artifact directory (clipper.deployers.package)"
     ),
     "set_num_replicas": (
         '{"model_name" := string, "model_version" := string (optional: the current one), '

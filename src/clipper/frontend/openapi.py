@@ -95,12 +95,12 @@ def request_schema(route: str) -> dict[str, Any]:
     return schema
 
 
-_ADMIN_REPLIES = {
+_ADMIN_REPLIES: dict[str, tuple[str, dict[str, Any]]] = {
     "text": (_TEXT, {"type": "string"}),
     "json": (_JSON, {}),
     "gzip": ("application/gzip", {"type": "string", "contentMediaType": "application/gzip"}),
 }
-_DEPLOYED = {
+_DEPLOYED: dict[str, Any] = {
     "type": "object",
     "required": ["model_name", "model_version", "num_replicas"],
     "properties": {
