@@ -233,7 +233,7 @@ class QueryRoutes:
         raise NotFoundError(
             f"no route for {method.decode()} {path}; expected POST /<app>/predict, "
             "POST /<app>/update, GET /<app>/ready, GET /metrics, GET /health, GET /ready or "
-            "GET /openapi.json (all of them)"
+            "GET /openapi.json (the whole API, V2 included)"
         )
 
     def _predict_large(
