@@ -40,6 +40,7 @@ from clipper.choices import ON_MODEL_ERROR, OVERLOAD, OnModelError
 from clipper.config import BatchingConfig
 from clipper.errors import ClipperError, NotFoundError, RegistryError
 from clipper.frontend.admin_fields import (
+    FIELDS,
     SCHEMAS,
     TEXT,
     FieldError,
@@ -48,6 +49,7 @@ from clipper.frontend.admin_fields import (
     artifact_field,
     batching_field,
     bool_field,
+    check_body,
     check_chars,
     input_type_field,
     int_field,
@@ -159,6 +161,15 @@ class AdminApi:
         rollouts = TrafficAdmin(registry, self.operations, traffic)
         self._sync.update(rollouts.reads)
         self._async.update(rollouts.writes)
+        # Every body is checked against its route's fields (admin_fields.FIELDS), which the
+        # OpenAPI document is written from: a route without them is a programming error.
+        undocumented = sorted(set(self.route_names()) - set(FIELDS))
+        if undocumented:
+            raise TypeError(f"admin routes without fields in admin_fields.FIELDS: {undocumented}")
+
+    def route_names(self) -> list[str]:
+        """Every route under /admin/ (ping and upload_model, then the JSON routes)."""
+        return ["ping", "upload_model", *self._sync, *self._async]
 
     # -- dispatch ------------------------------------------------------------------------------
     def route(
@@ -199,6 +210,11 @@ class AdminApi:
             return
         if not isinstance(doc, dict):
             error_reply(respond, name, FieldError("the body must be a JSON object"))
+            return
+        try:
+            check_body(name, doc)
+        except FieldError as e:
+            error_reply(respond, name, e)
             return
         if run_async is not None:
             self._spawn(run_async(doc), respond, name)

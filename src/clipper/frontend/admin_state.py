@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 from clipper.artifact_digest import SOURCE_DIGEST_FILE, archive, content_digest, is_digest
 from clipper.errors import ConfigError
 from clipper.frontend.admin_fields import (
+    FIELDS,
     SCHEMAS,
+    AdminRoute,
+    Field,
     FieldError,
     OperationError,
     Reply,
@@ -53,6 +56,35 @@ SCHEMAS.update(
 )
 LOG_CHUNK_DEFAULT = 64 * 1024
 LOG_CHUNK_MAX = 1 << 20
+_VERSION_FIELDS = (
+    Field("model_name", "string", True),
+    Field("model_version", "string", nullable=True, doc="absent or null: the serving one"),
+)
+# What check_body checks these routes' bodies against, and the OpenAPI document says.
+FIELDS.update(
+    {
+        "export_state": AdminRoute((), "The whole served state (clipper export)", reply="json"),
+        "get_status": AdminRoute((), "Replica states and recent rates", reply="json"),
+        "get_artifact": AdminRoute(
+            _VERSION_FIELDS, "A model version's artifact, as a gzipped tar", reply="gzip"
+        ),
+        "get_replica_logs": AdminRoute(
+            (
+                *_VERSION_FIELDS,
+                Field("replica", "int", nullable=True, doc="one replica; absent: all"),
+                # Checked by the handler (offsets >= 0, with its own message).
+                Field(
+                    "offsets", "int_map", doc="{replica: offset}: where to read from", check=False
+                ),
+                Field(
+                    "max_bytes", "int", doc=f"at most {LOG_CHUNK_MAX}, default {LOG_CHUNK_DEFAULT}"
+                ),
+            ),
+            "A version's replica logs from an offset",
+            reply="json",
+        ),
+    }
+)
 # A slot not connected that has exited this often is crash-looping: "failed" (the manager
 # keeps restarting it with backoff; runtime/control.py gives up a deploy at the same count).
 FAILED_AFTER_RESTARTS = 3

@@ -29,6 +29,7 @@ from clipper.frontend.http import (
     watch_client,
 )
 from clipper.frontend.model_failure import model_failure
+from clipper.frontend.openapi import admin_document, document_bytes, query_document
 from clipper.frontend.parse_pool import OFFLOAD_BYTES, ParsePool
 from clipper.query.prediction import CancellableReply, Prediction, answer_failed
 from clipper.query.runtime import QueryServices
@@ -147,6 +148,7 @@ class QueryRoutes:
         self._parse = self._parser.parse
         self._now = svc.clock.now
         self._apps = svc.catalog.registry.apps
+        self._openapi: bytes | None = None  # GET /openapi.json, built on its first request
 
     def __call__(
         self,
@@ -230,12 +232,18 @@ class QueryRoutes:
                     params = _params(query, ("version",), path) if query else {}
                     self._app_ready(respond, app, params.get("version"))
                     return
+            if path == "/openapi.json":
+                if self._openapi is None:
+                    self._openapi = document_bytes(query_document())
+                respond(200, self._openapi, JSON)
+                return
         if path == "/v2" or path.startswith("/v2/"):  # the Open Inference Protocol (V2)
             v2.handle(self.svc, method, path, headers, body, respond, t0=t0, pool=self.pool)
             return
         raise NotFoundError(
             f"no route for {method.decode()} {path}; expected POST /<app>/predict, "
-            "POST /<app>/update, GET /<app>/ready, GET /metrics, GET /health or GET /ready"
+            "POST /<app>/update, GET /<app>/ready, GET /metrics, GET /health, GET /ready or "
+            "GET /openapi.json (the whole API, V2 included)"
         )
 
     def _predict_large(
@@ -348,9 +356,16 @@ class DashboardRoutes(Protocol):
         """A request for ``/dashboard`` or below."""
 
 
+_OPENAPI_PATH = "/openapi.json"
+
+
 class AdminRoutes:
     """Port 1338: the bearer token, when one is configured, then the admin API; the dashboard
-    (``/dashboard``), when there is one, checks the token itself for its data only."""
+    (``/dashboard``), when there is one, checks the token itself for its data only.
+
+    ``GET /openapi.json`` (the admin API's OpenAPI document) needs no token, like the
+    dashboard's page: it describes the routes, which are public in the docs, and holds no
+    state; every route it describes still needs the token."""
 
     def __init__(
         self, api: AdminApi, token: str | None, dashboard: DashboardRoutes | None = None
@@ -359,6 +374,7 @@ class AdminRoutes:
         self.token = token
         self._token = token.encode() if token is not None else None
         self.dashboard = dashboard
+        self._openapi: bytes | None = None
 
     def __call__(
         self,
@@ -372,6 +388,11 @@ class AdminRoutes:
     ) -> None:
         if self.dashboard is not None and (path == "/dashboard" or path.startswith("/dashboard/")):
             self.dashboard.route(method, path, headers, respond, self.authorized)
+            return
+        if method == b"GET" and path.partition("?")[0] == _OPENAPI_PATH:
+            if self._openapi is None:
+                self._openapi = document_bytes(admin_document(self.api.route_names()))
+            respond(200, self._openapi, JSON)
             return
         if self.authorized(headers, respond):
             self.api.route(method, path, headers, body, respond)
@@ -389,6 +410,8 @@ class AdminRoutes:
         if repeated_authorization(auth):
             return Refusal(400, _DUPLICATE_AUTH)
         if bearer_token_matches(auth, self._token):
+            return True
+        if method == b"GET" and not has_body and path.partition("?")[0] == _OPENAPI_PATH:
             return True
         if (
             self.dashboard is not None
