@@ -87,6 +87,11 @@ def to_document(state: dict[str, Any]) -> dict[str, Any]:
         shared = types.pop() if len(types) == 1 else None
         versions = [_version(m["name"], v, shared is None, refused) for v in ordered]
         doc = {"name": m["name"]}
+        if m["current"] is None:
+            refused.append(
+                f"model {m['name']} has versions but none serves (its serving version was "
+                "deleted): make one serve (clipper model version), or delete the model"
+            )
         if shared is not None:
             doc["input_type"] = shared
         if m["current"] is not None:
