@@ -9,10 +9,13 @@ from typing import Any
 import pytest
 
 from clipper.artifact_digest import archive, content_digest, served_path
+from clipper.config import BatchingConfig
 from clipper.declarative.document import DocumentError
-from clipper.declarative.export import to_document
+from clipper.declarative.export import ExportRefused, dump, to_document
 from clipper.declarative.plan import make_plan
 from clipper.declarative.spec import read_desired_state
+from clipper.inputs import InputType
+from clipper.registry import Application
 
 GOOD = """\
 applications:
@@ -282,3 +285,93 @@ def test_hostile_files_are_one_line_refusals_naming_the_place(tmp_path: Path) ->
         f"{big}: {len(GOOD):,} bytes is over the limit of 100 (--max-file-bytes): expected a "
         "small text file; nothing of it was read"
     ]
+
+
+def _version_record(name: str, version: str, **changes: Any) -> dict[str, Any]:
+    return {
+        "name": name, "version": version, "input_type": "doubles", "labels": [],
+        "artifact": f"/state/{name}/{version}", "container_name": "clipper-serve/python",
+        "batching": {**BatchingConfig().to_dict(), "params": {"b": 1, "a": 2}},
+        "num_replicas": 1, "keep": False, "artifact_sha256": None, "source_sha256": None,
+        **changes,
+    }  # fmt: skip
+
+
+def test_the_same_state_in_any_order_is_the_same_document() -> None:
+    def state(versions: list[str], params: dict[str, Any]) -> dict[str, Any]:
+        app = {**Application("a", InputType.DOUBLES, "-1", 1000, policy="exp3").to_record()}
+        app |= {"policy_params": params, "linked_models": []}
+        rollout = {"name": "m", "split": {"10": 10.0, "2": 90.0}, "sticky": False, "shadow": None}
+        return {
+            "applications": [app],
+            "models": [{"name": "m", "current": "2", "rollout": rollout,
+                        "versions": [_version_record("m", v) for v in versions]}],
+        }  # fmt: skip
+
+    one = to_document(state(["10", "2", "b", "1"], {"eta": 0.1, "gamma": 0.2}))
+    other = to_document(state(["b", "1", "2", "10"], {"gamma": 0.2, "eta": 0.1}))
+    assert dump(one, "yaml") == dump(other, "yaml")
+    (model,) = one["models"]
+    assert [v["version"] for v in model["versions"]] == ["1", "2", "10", "b"]
+    assert list(model["split"]) == ["2", "10"] and model["split"]["2"] == 90
+    assert list(one["applications"][0]["policy_params"]) == ["eta", "gamma"]
+    assert list(model["versions"][0]["batching"]["params"]) == ["a", "b"]
+
+
+def test_export_refuses_what_the_file_cannot_express() -> None:
+    state = {
+        "applications": [],
+        "models": [
+            {"name": "m", "current": "1", "rollout": None,
+             "versions": [_version_record("m", "1"), _version_record("m", "2", keep=True)]},
+            {"name": "gone", "current": None, "rollout": None,
+             "versions": [_version_record("gone", "1")]},
+        ],
+    }  # fmt: skip
+    with pytest.raises(ExportRefused) as e:
+        to_document(state)
+    assert "m:2 is kept running outside traffic" in str(e.value)
+    assert "model gone has versions but none serves" in str(e.value)
+
+
+def test_a_shadow_the_new_split_names_is_removed_before_the_split(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        "    versions:\n",
+        "    split: {'1': 1, '2': 1}\n    shadow: {version: '3', share: 0.5}\n    versions:\n",
+    ).replace(
+        "        replicas: 2\n",
+        "        replicas: 2\n"
+        + "".join(f"      - version: {v}\n        artifact: adder\n" for v in (2, 3))
+        + "    current: '1'\n",
+    )
+    path = _write(tmp_path, text)
+    state = _state_of(path)
+    state["models"][0]["rollout"] = {
+        "name": "adder", "split": {"1": 1.0, "3": 1.0}, "sticky": False,
+        "shadow": {"version": "2", "share": 1.0},
+    }  # fmt: skip
+    plan = make_plan(read_desired_state(path), state)
+    assert [(s.op, s.args.get("version"), s.args.get("weights")) for s in plan.steps] == [
+        ("shadow", None, None),
+        ("split", None, {"1": 1.0, "2": 1.0}),
+        ("shadow", "3", None),
+    ]
+    state["models"][0]["rollout"] = {
+        "name": "adder", "split": {"1": 1.0, "2": 1.0}, "sticky": False,
+        "shadow": {"version": "3", "share": 0.5},
+    }  # fmt: skip
+    assert make_plan(read_desired_state(path), state).empty
+
+
+def test_the_second_example_in_the_docs_is_a_valid_file(tmp_path: Path) -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+    example = docs.read_text().split("```yaml\n")[2].split("```", 1)[0]
+    (tmp_path / "models").mkdir()
+    for v in (1, 2, 3):
+        (tmp_path / "models" / f"summer-{v}.pkl").write_bytes(b"x")
+    path = tmp_path / "clipper.yaml"
+    path.write_text(example)
+    d = read_desired_state(path)
+    (model,) = d.models
+    assert model.rollout is not None and model.rollout.sticky
+    assert d.apps[0].app.pipeline is not None and model.versions[0].autoscale is not None

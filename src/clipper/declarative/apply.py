@@ -118,6 +118,12 @@ def _run(step: Step, client: Client, prepared: dict[tuple[str, str], Prepared]) 
         client.set_model_version(a["name"], a["version"])
     elif step.op == "delete_version":
         client.delete_model_version(a["name"], a["version"])
+    elif step.op == "autoscale":
+        client.set_autoscale(a["name"], a["version"], **a["settings"])
+    elif step.op == "split":
+        client.set_traffic_split(a["name"], a["weights"], sticky=a["sticky"])
+    elif step.op == "shadow":
+        client.set_shadow(a["name"], a["version"], a["share"])
     elif step.op == "link":
         client.link_model_to_app(a["app"], a["model"])
     elif step.op == "unlink":
@@ -145,4 +151,5 @@ def _deploy(v: VersionSpec, client: Client, prepared: dict[tuple[str, str], Prep
     client.deploy_model(
         v.model, v.version, artifact=p.path, input_type=v.input_type.readable,
         num_replicas=v.replicas, batching=v.batching, source_sha256=p.source_sha256,
+        labels=v.labels,
     )  # fmt: skip

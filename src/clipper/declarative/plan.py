@@ -1,10 +1,14 @@
 """The difference between a desired-state file and what a frontend serves, as an ordered list
 of steps: what ``clipper apply`` shows, and then runs.
 
-The order keeps every step valid on the frontend: applications are created first, model
-versions are deployed (the version that should serve last, so traffic ends on it) and scaled,
-links are removed before an application's policy changes and added after it, and only then,
-with ``--prune``, what the file does not mention is deleted. Anything the frontend would refuse
+Every field the file carries is compared with the frontend's (the ``export_state`` answer), so
+``no changes`` means the two are equal, and a change made by hand since (drift) is a step that
+puts it back. The order keeps every step valid on the frontend: applications are created first
+(without their pipeline), model versions are deployed (the version that should serve last, so
+traffic ends on it), scaled and autoscaled, links are removed before an application's policy
+changes and added after it, then each model's split and shadow are set, then pipelines (whose
+stages name the models and applications made before), and only then, with ``--prune``, what the
+file does not mention is deleted. Anything the frontend would refuse
 (an immutable field changed, a link to an unknown model, input types that do not match) is a
 problem found here, before the first change.
 """
@@ -21,11 +25,13 @@ from clipper.config import BatchingConfig
 from clipper.declarative.document import DocumentError, PathKey
 from clipper.declarative.spec import (
     APP_REQUIRED,
+    AUTOSCALE_DEFAULTS,
     AppSpec,
     DesiredState,
     ModelSpec,
     VersionSpec,
 )
+from clipper.rollout import Rollout
 
 __all__ = ["Plan", "Step", "make_plan"]
 
@@ -130,6 +136,10 @@ class _Planner:
         for spec, (add, _) in links:
             for m in add:
                 self.add("link", "+", f"link {spec.name} -> {m}", app=spec.name, model=m)
+        for model in d.models:
+            self._traffic(model)
+        for spec in d.apps:
+            self._pipeline(spec)
         self._leftovers()
         if self.problems:
             raise DocumentError(self.problems)
@@ -142,7 +152,7 @@ class _Planner:
             "add_app", "+",
             f"application {a.name} ({a.input_type.readable}, slo {a.latency_slo_micros} us, "
             f"default output {a.default_output}, policy {a.policy})",
-            name=a.name, record=a.to_record(),
+            name=a.name, record={k: v for k, v in a.to_record().items() if k != "pipeline"},
         )  # fmt: skip
 
     def _app_changes(self, spec: AppSpec) -> dict[str, Any]:
@@ -155,7 +165,25 @@ class _Planner:
                 "change: delete the application (or apply with --prune after renaming it)",
             )
             return {}
-        return {k: v for k, v in want.items() if k not in _FIXED_APP_FIELDS and have.get(k) != v}
+        changes = {
+            k: v
+            for k, v in want.items()
+            if k not in _FIXED_APP_FIELDS and k != "pipeline" and have.get(k) != v
+        }
+        if want.get("pipeline") is None and have.get("pipeline") is not None:
+            changes["pipeline"] = None  # removed before links are added (set ones come last)
+        return changes
+
+    def _pipeline(self, spec: AppSpec) -> None:
+        want = spec.app.pipeline
+        have = self.apps.get(spec.name, {}).get("pipeline")
+        if want is not None and want != have:
+            self.add(
+                "update_app", "~" if spec.name in self.apps else "+",
+                f"application {spec.name}: pipeline of {len(want.get('stages', []))} stages"
+                + ("" if have is None else " (changed)"),
+                name=spec.name, changes={"pipeline": want},
+            )  # fmt: skip
 
     def _link_changes(self, spec: AppSpec) -> tuple[list[str], list[str]]:
         if spec.links is None:
@@ -239,6 +267,60 @@ class _Planner:
             f"{v.replicas} replicas)",
             spec=v,
         )  # fmt: skip
+        self._autoscale(v, None)
+
+    def _autoscale(self, v: VersionSpec, have: dict[str, Any] | None) -> None:
+        """Autoscaling as the file gives it: settings compared one by one (the frontend that
+        applies them drives the version); none in the file turns it off where it is on."""
+        theirs = None if have is None else {k: val for k, val in have.items() if k != "owner"}
+        if v.autoscale is None:
+            if theirs is not None and theirs.get("enabled", True):
+                self.add(
+                    "autoscale", "~", f"model {v.model}:{v.version}: autoscaling on -> off",
+                    name=v.model, version=v.version, settings={"enabled": False},
+                )  # fmt: skip
+            return
+        mine = {k: val for k, val in v.autoscale.to_record().items() if k != "owner"}
+        if mine == theirs:
+            return
+        shown = {k: val for k, val in mine.items() if val != AUTOSCALE_DEFAULTS[k]}
+        was = "off" if theirs is None else _differences(theirs, mine)
+        self.add(
+            "autoscale", "~",
+            f"model {v.model}:{v.version}: autoscaling {was} -> {shown or 'defaults'}",
+            name=v.model, version=v.version, settings=mine,
+        )  # fmt: skip
+
+    def _traffic(self, model: ModelSpec) -> None:
+        """The model's split and shadow; a shadow that the new split names goes first (a
+        version in the split cannot shadow)."""
+        record = self.models.get(model.name, {}).get("rollout")
+        have = Rollout.from_record(record) if record else Rollout(model.name)
+        want = model.rollout or Rollout(model.name)
+        shadow = have.shadow
+        if have.split != want.split or have.sticky != want.sticky:
+            if shadow is not None and shadow.version in want.weights:
+                self.add(
+                    "shadow", "-",
+                    f"model {model.name}: shadow {shadow.version} (before the split)",
+                    name=model.name, version=None, share=1.0,
+                )  # fmt: skip
+                shadow = None
+            self.add(
+                "split", "~",
+                f"model {model.name}: split {_split(have)} -> {_split(want)}",
+                name=model.name, weights=want.weights or None, sticky=want.sticky,
+            )  # fmt: skip
+        if shadow != want.shadow:
+            s = want.shadow
+            self.add(
+                "shadow", "~" if s is not None else "-",
+                f"model {model.name}: shadow "
+                + ("none" if shadow is None else f"{shadow.version} ({shadow.share:g})") + " -> "
+                + ("none" if s is None else f"{s.version} ({s.share:g})"),
+                name=model.name, version=None if s is None else s.version,
+                share=1.0 if s is None else s.share,
+            )  # fmt: skip
 
     def _shown(self, path: Path) -> str:
         """An artifact's path as the file writes it: relative to the file's directory."""
@@ -256,7 +338,7 @@ class _Planner:
         differs = []
         if have["input_type"] != v.input_type.readable:
             differs.append(f"input_type {have['input_type']} -> {v.input_type.readable}")
-        if v.artifact is None and list(have.get("labels", [])) != list(v.labels):
+        if list(have.get("labels", [])) != list(v.labels):
             differs.append(f"labels {have.get('labels')} -> {list(v.labels)}")
         if have.get("batching") != v.batching.to_dict():
             differs.append("batching")
@@ -281,7 +363,9 @@ class _Planner:
                 "version does not change once deployed; deploy the change as a new version",
             )
             return
-        if v.artifact is not None and have.get("num_replicas") != v.replicas:
+        autoscaled = v.autoscale is not None and v.autoscale.enabled
+        self._autoscale(v, have.get("autoscale"))
+        if v.artifact is not None and not autoscaled and have.get("num_replicas") != v.replicas:
             self.add(
                 "scale", "~",
                 f"model {v.model}:{v.version}: replicas {have.get('num_replicas')} -> "
@@ -322,6 +406,17 @@ class _Planner:
         extra_versions.sort(key=lambda nv: self.models[nv[0]].get("current") == nv[1])
         for name, version in extra_versions:
             self.add("delete_version", "-", f"model {name}:{version}", name=name, version=version)
+
+
+def _split(r: Rollout) -> str:
+    if not r.split:
+        return "none" + (" (sticky)" if r.sticky else "")
+    text = ", ".join(f"{v}={w:g}" for v, w in r.split)
+    return text + (" (sticky)" if r.sticky else "")
+
+
+def _differences(have: dict[str, Any], want: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k} {have.get(k)}" for k in want if have.get(k) != want[k]) + "}"
 
 
 def _show(value: Any) -> str:

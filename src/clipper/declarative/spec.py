@@ -1,4 +1,5 @@
-"""The desired-state file's schema: applications, models with their versions, links.
+"""The desired-state file's schema: applications (pipelines included), models with their
+versions (batching, autoscaling), each model's traffic split and shadow, links.
 
 ::
 
@@ -12,6 +13,8 @@
       - name: logreg
         input_type: doubles
         current: "2"                  # default: the last version listed
+        split: {"1": 90, "2": 10}     # omit: no split (the current version answers)
+        shadow: {version: "3", share: 0.1}   # omit: no shadow
         versions:
           - version: "1"
             artifact: models/logreg-1.joblib   # relative to this file
@@ -19,6 +22,9 @@
           - version: "2"
             artifact: models/logreg-2          # an artifact directory
             batching: {controller: aimd, max_wait_micros: 500}
+            autoscale: {min_replicas: 1, max_replicas: 4}   # omit: replicas as given
+          - version: "3"
+            artifact: models/logreg-3.joblib
 
 Every value is checked with the same rules the frontend applies (names, SLO range, policies
 and their parameters, batching), so a file that parses here fails on the frontend only for what
@@ -39,9 +45,20 @@ from clipper.declarative.document import DocumentError, Located, PathKey, load_d
 from clipper.errors import ClipperError
 from clipper.inputs import InputType
 from clipper.registry import Application, check_name
+from clipper.rollout import Rollout, Shadow
+from clipper.scaling import AutoscaleConfig
 from clipper.untrusted import MAX_FILE_BYTES
 
-__all__ = ["AppSpec", "DesiredState", "ModelSpec", "VersionSpec", "read_desired_state"]
+__all__ = [
+    "APP_DEFAULTS",
+    "AUTOSCALE_DEFAULTS",
+    "EXTERNAL_CONTAINER",
+    "AppSpec",
+    "DesiredState",
+    "ModelSpec",
+    "VersionSpec",
+    "read_desired_state",
+]
 
 _TOP_KEYS = ("applications", "models")
 # An application's settings are its record's fields (registry.Application.to_record), so a
@@ -63,12 +80,15 @@ _APP_TYPES: dict[str, type] = {
     "cache": bool, "overload": str, "policy": str, "policy_params": dict,
     "min_confidence": float, "loss": str, "loss_scale": float, "online_learning": bool,
 }  # fmt: skip
-_APP_KEYS = (*APP_REQUIRED.values(), *APP_DEFAULTS, "models")
-_MODEL_KEYS = ("name", "input_type", "current", "versions")
+_APP_KEYS = (*APP_REQUIRED.values(), *APP_DEFAULTS, "pipeline", "models")
+_MODEL_KEYS = ("name", "input_type", "current", "split", "sticky", "shadow", "versions")
 _VERSION_KEYS = (
     "version", "artifact", "replicas", "batching", "labels", "input_type", "container_name",
-    "source_sha256",
+    "source_sha256", "autoscale",
 )  # fmt: skip
+# The autoscaling settings a file gives (owner is the frontend that applies them).
+AUTOSCALE_DEFAULTS: dict[str, Any] = AutoscaleConfig().to_record()
+_AUTOSCALE_KEYS = tuple(k for k in AUTOSCALE_DEFAULTS if k != "owner")
 _BATCHING_KEYS = tuple(f.name for f in fields(BatchingConfig))
 # What the original add_model registers for containers started elsewhere.
 EXTERNAL_CONTAINER = "NO_CONTAINER"
@@ -99,6 +119,8 @@ class VersionSpec:
     # The digest of the file the artifact was packaged from (``clipper export`` writes it), so
     # that a file naming that original file recognises the version on any frontend.
     source_sha256: str | None = None
+    # Autoscaling (None: replicas as given); while enabled the autoscaler owns the count.
+    autoscale: AutoscaleConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +129,8 @@ class ModelSpec:
     name: str
     current: str
     versions: list[VersionSpec]
+    # Its split and shadow (empty: none).
+    rollout: Rollout | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +273,12 @@ def _app(r: _Reader, value: Any, i: int) -> AppSpec | None:
         else doc.get(key, default)
         for key, default in APP_DEFAULTS.items()
     }
+    pipeline = doc.get("pipeline")
+    if pipeline is not None and not isinstance(pipeline, dict):
+        r.fail(
+            (*path, "pipeline"), f"expected a mapping (docs/pipelines.md), got {_kind(pipeline)}"
+        )
+        pipeline = None
     links: list[str] | None = None
     if "models" in doc:
         raw = doc["models"]
@@ -265,7 +295,7 @@ def _app(r: _Reader, value: Any, i: int) -> AppSpec | None:
     record = {
         "name": name, "input_type": itype.readable, "default_output": default_text,
         "latency_slo_micros": slo, **options,
-    }  # fmt: skip
+    } | ({} if pipeline is None else {"pipeline": pipeline})  # fmt: skip
     try:
         app = Application.from_record(record)
     except (ClipperError, TypeError, ValueError) as e:
@@ -304,7 +334,40 @@ def _model(r: _Reader, value: Any, i: int, source: Path) -> ModelSpec | None:
             r.fail((*path, "current"), f"{current!r} is not one of the versions listed")
     if name is None or not versions or current is None:
         return None
-    return ModelSpec(path, name, current, versions)
+    rollout = _rollout(r, doc, path, name, {v.version for v in versions})
+    return ModelSpec(path, name, current, versions, rollout)
+
+
+def _rollout(
+    r: _Reader, doc: dict[str, Any], path: PathKey, name: str, listed: set[str]
+) -> Rollout | None:
+    split = doc.get("split")
+    if split is not None and not isinstance(split, dict):
+        r.fail((*path, "split"), f"expected a mapping {{version: weight}}, got {_kind(split)}")
+        return None
+    sticky = r.typed(doc, "sticky", path, bool, False)
+    shadow = None
+    raw = doc.get("shadow")
+    if raw is not None:
+        sd = r.mapping(raw, (*path, "shadow"), ("version", "share"))
+        if sd is None:
+            return None
+        version = r.name(sd, "version", (*path, "shadow"), "version")
+        share = r.typed(sd, "share", (*path, "shadow"), float, 1.0)
+        if version is None:
+            return None
+        if version not in listed:
+            r.fail((*path, "shadow", "version"), f"{version!r} is not one of the versions listed")
+        shadow = Shadow(version, share)
+    for v in split or {}:
+        if str(v) not in listed:
+            r.fail((*path, "split", str(v)), f"{str(v)!r} is not one of the versions listed")
+    try:
+        rollout = Rollout.build(name, split, sticky=sticky, shadow=shadow)
+    except ClipperError as e:
+        r.fail((*path, "split" if split else "shadow"), str(e))
+        return None
+    return None if rollout.empty and not rollout.sticky else rollout
 
 
 def _version(
@@ -329,7 +392,10 @@ def _version(
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         r.fail((*path, "labels"), f"expected a list of strings, got {_kind(labels)}")
         labels = []
-    replicas = doc.get("replicas", 1)
+    autoscale = _autoscale(r, doc.get("autoscale"), (*path, "autoscale"))
+    # An autoscaled version starts at its minimum; the autoscaler moves it from there.
+    start = autoscale.min_replicas if autoscale is not None and autoscale.enabled else 1
+    replicas = doc.get("replicas", start)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
         r.fail((*path, "replicas"), f"expected an integer >= 0, got {_kind(replicas)}")
         replicas = 1
@@ -342,11 +408,15 @@ def _version(
             artifact = (source.parent / Path(doc["artifact"]).expanduser()).resolve()
             if not artifact.exists():
                 r.fail((*path, "artifact"), f"{artifact}: no such file or directory")
-        for key in ("container_name", "labels"):
-            if key in doc:
-                r.fail((*path, key), "only for a version without an artifact")
+        if "container_name" in doc:
+            r.fail((*path, "container_name"), "only for a version without an artifact")
     else:
         container = r.typed(doc, "container_name", path, str, EXTERNAL_CONTAINER)
+        if autoscale is not None and autoscale.enabled:
+            r.fail(
+                (*path, "autoscale"),
+                "only replicas clipper-serve starts can be autoscaled: give an artifact",
+            )
         if replicas:
             r.fail(
                 (*path, "replicas"),
@@ -365,8 +435,21 @@ def _version(
         return None
     return VersionSpec(
         path, model, version, itype, tuple(labels), artifact, container, batching, replicas,
-        source_sha256,
+        source_sha256, autoscale,
     )  # fmt: skip
+
+
+def _autoscale(r: _Reader, value: Any, path: PathKey) -> AutoscaleConfig | None:
+    if value is None:
+        return None
+    doc = r.mapping(value, path, _AUTOSCALE_KEYS)
+    if doc is None:
+        return None
+    try:
+        return AutoscaleConfig().updated(**{k: v for k, v in doc.items() if k in _AUTOSCALE_KEYS})
+    except (ClipperError, TypeError) as e:
+        r.fail(path, str(e))
+        return None
 
 
 def _batching(r: _Reader, value: Any, path: PathKey) -> BatchingConfig | None:

@@ -525,10 +525,21 @@ class AdminApi:
         source = params.get("source_sha256")
         if source is not None and not is_digest(source):
             raise OperationError("source_sha256 must be a SHA-256 in lowercase hex")
+        labels: list[str] = []
+        if "labels" in params:  # a JSON list of strings, as deploy_model's labels
+            try:
+                labels = orjson.loads(params["labels"])
+            except orjson.JSONDecodeError as e:
+                raise OperationError(f"labels must be a JSON list of strings: {e}") from None
+            if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+                raise OperationError('labels must be a JSON list of strings, e.g. ["a", "b"]')
+            for label in labels:
+                check_chars("label", label)
         mv = ModelVersion(
             name=name,
             version=version,
             input_type=itype,
+            labels=tuple(labels),
             batching=batching or BatchingConfig(),
             num_replicas=n,
         )

@@ -152,7 +152,16 @@ class StateRoutes:
                         "source_sha256": source_digest,
                     }
                 )
-            models.append({"name": name, "current": reg.current.get(name), "versions": out})
+            rollout = reg.rollouts.get(name)
+            models.append(
+                {
+                    "name": name,
+                    "current": reg.current.get(name),
+                    # The split and shadow (docs/rollouts.md), or null.
+                    "rollout": rollout.to_record() if rollout is not None else None,
+                    "versions": out,
+                }
+            )
         return json_reply({"applications": apps, "models": models})
 
     def _version_digests(
