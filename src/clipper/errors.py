@@ -7,6 +7,7 @@ module to keep it so). Classes defined beside their only raiser name their modul
     ├── ConfigError            invalid settings (bad port, unknown controller, ...)
     │   ├── DocumentError      a desired-state file that cannot be applied [declarative.document]
     │   ├── _Refused           an untrusted file refused at a line and column [untrusted]
+    │   ├── ExportRefused      a state the desired-state file cannot express [declarative.export]
     │   └── PortInUse          a port the frontend must bind is taken [runtime.ports]
     ├── RequestError           a client sent something we cannot serve -> an HTTP status
     │   ├── BadInputError      malformed JSON, wrong input type, missing keys (400)
