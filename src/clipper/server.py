@@ -243,6 +243,7 @@ class Clipper:
                 interval_s=config.dashboard_sample_s, history_s=config.dashboard_history_s,
                 max_clients=config.dashboard_max_clients,
                 token_required=config.admin_token is not None, window=self.metrics_window,
+                decisions=self.autoscaler.last_decision,
             )  # fmt: skip
         admin_routes = AdminRoutes(self.admin, config.admin_token, self.dashboard)
         self.admin_http = HttpServer(

@@ -36,6 +36,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser]
 TOKEN = "dashboard-test-token"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SAMPLE_S = 0.25
+HISTORY_S = 45.0
+IDLE_APPS = 6
 
 
 def _playwright() -> Any:
@@ -113,11 +115,11 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
     started = time.monotonic()
     async with Clipper(
         query_port=0, rpc_port=0, admin_port=0, admin_token=TOKEN,
-        dashboard_sample_s=SAMPLE_S, dashboard_history_s=45.0,
+        dashboard_sample_s=SAMPLE_S, dashboard_history_s=HISTORY_S,
     ) as c:  # fmt: skip
         await c.deploy_model("summer", "1", models.row_sums, input_type="doubles", num_replicas=2)
         await c.deploy_model("right", "1", models.label_of, input_type="doubles")
-        await c.deploy_model("wrong", "1", models.off_by_one, input_type="doubles")
+        await c.deploy_model("wrong", "1", models.off_by_one, input_type="doubles", num_replicas=2)
         await c.register_application("sums", "doubles", "-1", 20_000)
         await c.link_model_to_app("sums", "summer")
         await c.register_application("pick", "doubles", "-1", 50_000, policy="exp3")
@@ -127,6 +129,20 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
         await c.deploy_model("chatty", "1", models.chatty_failure, input_type="doubles")
         await c.register_application("broken", "doubles", "-1", 50_000, cache=False)
         await c.link_model_to_app("broken", "chatty")
+        # Rollouts: a split of summer between two versions, a shadow of right that agrees.
+        for name, fn in (("summer", models.row_sums), ("right", models.label_of)):
+            await c.deploy_model(
+                name, "2", fn, input_type="doubles", set_current=False, retire_previous=False
+            )
+        await c.set_traffic_split("summer", {"1": 80, "2": 20})
+        await c.set_shadow("right", "2", 1.0)
+        # An application queried only now (its p99 goes stale), and idle ones (never queried).
+        await c.register_application("once", "doubles", "-1", 20_000)
+        await c.link_model_to_app("once", "summer")
+        for i in range(5):
+            await post_json(f"{c.query_url}/once/predict", {"input": [float(i), 2.0]})
+        for i in range(IDLE_APPS):
+            await c.register_application(f"idle{i}", "doubles", "-1", 30_000)
         deployed = time.monotonic()
         # The data needs the token; the page does not (a browser cannot send one on load).
         assert (await request(f"{c.admin_url}/dashboard/events")).status == 401
@@ -225,8 +241,164 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                     assert shown_failing["app"][-3:] == ["100.0%", "100.0%", "not ready"]
                     assert "model 'chatty:1' answered" in shown_failing["why"]
                     assert shown_failing["sums"] == "yes" and shown_failing["model"] == "yes"
-                    assert shown_failing["modelCells"][-3:-1] == ["100.0%", "100.0%"]
+                    assert shown_failing["modelCells"][-3] == "100.0%"
+                    # Defaults count inputs sent: one still at the replica when the minute's
+                    # window was read has no answer yet, neither a prediction nor a default.
+                    assert float(shown_failing["modelCells"][-2].rstrip("%")) >= 99.0
                     assert shown_failing["modelCells"][-1] == "failing"
+
+                    # An autoscaling decision (wrong:1 given 2 replicas, at most 1 allowed): in the
+                    # decisions table and as a marker on the replicas plot, whose wanted line
+                    # steps from 2 to 1.
+                    # Setting the bounds clamps the count at once; a count set outside them
+                    # afterwards is the autoscaler's to correct.
+                    await c.set_autoscale("wrong", "1", min_replicas=1, max_replicas=1)
+                    await c.set_num_replicas("wrong", 2, "1")
+                    await wait_for(
+                        lambda: page.evaluate(
+                            """() => !!document.querySelector(
+                              '#decisions tr[data-model="wrong:1"][data-reason="max_replicas"]')"""
+                        ),
+                        limit_s=30, interval=0.2, what="the autoscaling decision in its table",
+                    )  # fmt: skip
+                    decision_row = await page.evaluate(
+                        """() => [...document.querySelector('#decisions tr[data-model="wrong:1"]')
+                          .cells].map((td) => td.textContent)"""
+                    )
+                    assert decision_row[2] == "2 → 1" and decision_row[3] == "max_replicas"
+
+                    async def replicas_plot() -> Any:
+                        return await page.evaluate(
+                            """() => {
+                              const gd = document.getElementById('plot-replicas');
+                              const by = (n) => (gd.data || []).find((t) => t.name === n);
+                              const marks = by('autoscaling decisions');
+                              const wanted = by('wrong:1 wanted');
+                              return {marks: marks ? marks.text : [], ys: marks ? marks.y : [],
+                                      wanted: wanted ? wanted.y.filter((v) => v !== null) : []};
+                            }"""
+                        )
+
+                    async def stepped() -> bool:
+                        doc = await replicas_plot()
+                        return bool(doc["marks"]) and doc["wanted"][-1:] == [1]
+
+                    await wait_for(stepped, limit_s=15, interval=0.2, what="wanted 2 → 1 drawn")
+                    rp = await replicas_plot()
+                    assert any("wrong:1 2 → 1: max_replicas" in t for t in rp["marks"]), rp
+                    assert 2 in rp["wanted"] and 1 in rp["ys"]
+
+                    # The split and the shadow: in the rollouts table and their plots.
+                    async def rollouts() -> Any:
+                        return await page.evaluate(
+                            """() => {
+                              const row = (m) => {
+                                const tr = document.querySelector(
+                                  `#rollouts tr[data-model="${m}"]`);
+                                return tr ? [...tr.cells].map((td) => td.textContent) : null;
+                              };
+                              const ys = (id, n) => {
+                                const gd = document.getElementById(id);
+                                const t = (gd.data || []).find((d) => d.name === n);
+                                return t ? t.y.filter((v) => v !== null) : [];
+                              };
+                              return {summer: row('summer'), right: row('right'),
+                                      split1: ys('plot-split', 'summer:1'),
+                                      split2: ys('plot-split', 'summer:2'),
+                                      shadow: ys('plot-shadow', 'right:2'),
+                                      hidden: [document.getElementById('plot-split').hidden,
+                                               document.getElementById('plot-shadow').hidden]};
+                            }"""
+                        )
+
+                    async def rollouts_shown() -> bool:
+                        r = await rollouts()
+                        return bool(r["right"] and r["right"][5].endswith("%") and r["split2"])
+
+                    await wait_for(
+                        rollouts_shown, limit_s=30, interval=0.2, what="split and shadow shown"
+                    )  # fmt: skip
+                    ro = await rollouts()
+                    assert ro["summer"][:3] == ["summer", "1", "1: 80%, 2: 20%"], ro
+                    assert ro["right"][4] == "2 (100%)" and ro["right"][5] == "100.0%", ro
+                    assert ro["hidden"] == [False, False]
+                    # Shares of one model's split queries: each point's pair sums to 1.
+                    assert all(0.0 <= v <= 1.0 for v in ro["split1"] + ro["split2"])
+                    assert sum(ro["split2"]) < sum(ro["split1"])  # 20% against 80%
+                    assert ro["shadow"] and all(v == 1.0 for v in ro["shadow"])
+
+                    # The SLO line spans the whole x range; the axis keeps it in view and
+                    # nothing drawn is above the axis's top (spikes are clipped and marked).
+                    lat = await page.evaluate(
+                        """() => {
+                          const gd = document.getElementById('plot-latency-sums');
+                          const by = (n) => gd.data.find((t) => t.name === n);
+                          const drawn = ['p50', 'p99'].flatMap((n) => by(n).y)
+                            .filter((v) => v !== null);
+                          return {slo: by('SLO'), top: gd.layout.yaxis.range[1],
+                                  drawnMax: Math.max(...drawn), clipped: by('clipped').y.length,
+                                  marked: Number(gd.dataset.clipped)};
+                        }"""
+                    )
+                    assert lat["slo"]["x"] == [-HISTORY_S, 0] and lat["slo"]["y"] == [20, 20]
+                    assert lat["top"] >= 3 * 20
+                    assert lat["drawnMax"] <= lat["top"]
+                    assert lat["clipped"] == lat["marked"]
+                    # The page's own rule on a spike: 400 ms against a 20 ms SLO is clipped.
+                    rule = await page.evaluate(
+                        """() => {
+                          const a = window.clipperDashboard.latencyAxis(
+                            [...Array(200).fill(5), 400], 20);
+                          return [a.top, a.clipped(400), a.clipped(59)];
+                        }"""
+                    )
+                    assert rule == [60, True, False]
+
+                    # Idle applications are one closed row each; a click opens one, with its
+                    # SLO line across the whole range though it has no sample.
+                    rows = await page.evaluate(
+                        """() => [...document.querySelectorAll('#apps-list .app-row')].map(
+                          (r) => [r.dataset.app, r.dataset.expanded, r.offsetHeight,
+                                  r.querySelectorAll('.plot').length])"""
+                    )
+                    by_app = {name: (open_, h, plots) for name, open_, h, plots in rows}
+                    assert len(by_app) == 5 + IDLE_APPS
+                    for i in range(IDLE_APPS):
+                        open_, h, plots = by_app[f"idle{i}"]
+                        assert (open_, plots) == ("no", 0) and h < 40, by_app[f"idle{i}"]
+                    assert by_app["sums"][0] == "yes" and by_app["sums"][1] > 150
+                    await page.click('.app-row[data-app="idle3"] .app-head')
+                    opened = await page.evaluate(
+                        """() => {
+                          const gd = document.getElementById('plot-latency-idle3');
+                          const slo = gd && gd.data && gd.data.find((t) => t.name === 'SLO');
+                          return slo ? [slo.x, slo.y] : null;
+                        }"""
+                    )
+                    assert opened == [[-HISTORY_S, 0], [30, 30]]
+                    await page.click('.app-row[data-app="idle3"] .app-head')
+                    assert (
+                        await page.get_attribute('.app-row[data-app="idle3"]', "data-expanded")
+                        == "no"
+                    )
+
+                    # The app queried only before the load: its p99 is stale, greyed with its
+                    # age, and its row closes.
+                    async def stale() -> Any:
+                        return await page.evaluate(
+                            """() => {
+                              const tr = document.querySelector('#apps tr[data-app="once"]');
+                              const row = document.querySelector('.app-row[data-app="once"]');
+                              const td = tr && tr.cells[6];
+                              return td && td.dataset.stale === 'yes'
+                                ? [td.textContent, row.dataset.expanded] : null;
+                            }"""
+                        )
+
+                    await wait_for(stale, limit_s=40, interval=0.2, what="a stale p99 marked")
+                    text, once_open = await stale()
+                    assert text.endswith(" s ago)") and " ms (" in text, text
+                    assert once_open == "no"
 
                     shot = os.environ.get("CLIPPER_DASHBOARD_SCREENSHOT")
                     if shot:  # for the docs: let the load fill more of the plots first

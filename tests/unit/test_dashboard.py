@@ -4,7 +4,7 @@ of one interval from the frontend's own counters, the replica states, the policy
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +23,11 @@ from clipper.managers.base import ContainerManager
 from clipper.managers.local import ReplicaProcess
 from clipper.metrics import Metrics, histogram_quantile
 from clipper.registry import Application, ModelVersion, Registry
+from clipper.rollout import Rollout, Shadow
 from clipper.rpc.link import Connection
+from clipper.runtime.autoscaler import LastDecision
+from clipper.runtime.scale_policy import Decision
+from clipper.scaling import AutoscaleConfig
 from clipper.selection import make_policy
 from tests.catalogs import catalog_of
 
@@ -123,7 +127,11 @@ class World:
     sampler: Sampler
 
 
-def _world(interval_s: float = 1.0, capacity: int = 60) -> World:
+def _world(
+    interval_s: float = 1.0,
+    capacity: int = 60,
+    decisions: dict[tuple[str, str], LastDecision] | None = None,
+) -> World:
     clock, metrics, registry = FakeClock(), Metrics(), Registry()
     registry.apps["sums"] = _app("sums")
     registry.models["m"] = {"1": ModelVersion("m", "1", InputType.DOUBLES)}
@@ -135,6 +143,7 @@ def _world(interval_s: float = 1.0, capacity: int = 60) -> World:
         clock=clock, metrics=metrics, catalog=catalog_of(registry, schedulers),
         manager=cast(ContainerManager, manager), selection=lambda _: None,
         history=History(capacity, 100), interval_s=interval_s,
+        decisions=None if decisions is None else lambda n, v: decisions.get((n, v)),
     )  # fmt: skip
     return World(clock, metrics, registry, schedulers, manager, sampler)
 
@@ -236,6 +245,89 @@ def test_a_deleted_application_leaves_the_samples() -> None:
     assert w.sampler.state["apps"] == []
 
 
+def test_replicas_wanted_is_sampled_beside_replicas_connected() -> None:
+    w = _world()
+    w.registry.models["m"]["1"] = replace(w.registry.models["m"]["1"], num_replicas=3)
+    w.schedulers[("m", "1")].replicas = [_replica(0, "tok0"), _replica(1, "tok1", draining=True)]
+    w.sampler.start()
+    w.clock.advance(1.0)
+    assert w.sampler.history.values("model/m:1/replicas") == [1.0]
+    assert w.sampler.history.values("model/m:1/replicas_wanted") == [3.0]
+
+
+def _rollout_world() -> World:
+    w = _world()
+    for v in ("2", "3"):
+        w.registry.models["m"][v] = ModelVersion("m", v, InputType.DOUBLES)
+        w.schedulers[("m", v)] = FakeScheduler()
+    w.registry.models["n"] = {"1": ModelVersion("n", "1", InputType.DOUBLES)}
+    w.schedulers[("n", "1")] = FakeScheduler()
+    w.registry.rollouts["m"] = Rollout.build(
+        "m", {"1": 75, "2": 25}, sticky=True, shadow=Shadow("3", 0.5)
+    )
+    w.sampler.catalog = catalog_of(w.registry, w.schedulers)  # with the versions added
+    return w
+
+
+def test_a_split_and_a_shadow_are_sampled_per_version() -> None:
+    w = _rollout_world()
+    m = w.metrics
+    w.sampler.start()
+    m.split_requests.labels(model="m", version="1").inc(30)
+    m.split_requests.labels(model="m", version="2").inc(10)
+    m.split_fallbacks.labels(model="m", version="2").inc(2)
+    m.shadow_agreements.labels(model="m", version="3").inc(9)
+    m.shadow_disagreements.labels(model="m", version="3").inc(3)
+    m.shadow_errors.labels(model="m", version="3", reason="deadline").inc(1)
+    m.shadow_errors.labels(model="m", version="3", reason="model_error").inc(2)
+    w.clock.advance(2.0)  # the second interval compared nothing
+    h = w.sampler.history
+    assert h.values("model/m:1/split_qps") == [30.0, 0.0]
+    assert h.values("model/m:2/split_qps") == [10.0, 0.0]
+    assert h.values("model/m:2/split_fallbacks") == [2.0, 0.0]
+    assert h.values("model/m:3/shadow_compared") == [12.0, 0.0]
+    assert h.values("model/m:3/shadow_agreement") == [0.75, None]
+    assert h.values("model/m:3/shadow_errors") == [3.0, 0.0]
+    # Only what a rollout names: no split series for the shadow, none for a model without one.
+    assert "model/m:3/split_qps" not in h.series
+    assert "model/m:1/shadow_agreement" not in h.series
+    assert not any(k.startswith("model/n:1/s") for k in h.series)
+    assert w.sampler.state["rollouts"] == [
+        {"model": "m", "current": "1", "split": {"1": 0.75, "2": 0.25}, "sticky": True,
+         "shadow": {"version": "3", "share": 0.5}},
+    ]  # fmt: skip
+
+
+def test_each_autoscaling_decision_is_sent_once_and_kept_bounded() -> None:
+    decided: dict[tuple[str, str], LastDecision] = {}
+    w = _world(decisions=decided)
+    mv = w.registry.models["m"]["1"]
+    w.registry.models["m"]["1"] = replace(
+        mv, autoscale=AutoscaleConfig(min_replicas=2, max_replicas=5)
+    )
+    w.sampler.start()
+    seen: list[dict[str, Any]] = []
+    w.sampler.on_sample = seen.append
+    w.clock.advance(1.0)
+    assert seen[-1]["decisions"] == []
+    assert w.sampler.state["models"][0]["autoscale"] == {"min": 2, "max": 5, "last": None}
+    decided["m", "1"] = LastDecision(1.5, Decision(2, "min_replicas", "1 is outside [2, 5]"), 1)
+    w.clock.advance(2.0)  # seen by the first sample after it, and only by that one
+    first = {"t": 1.5, "model": "m", "version": "1", "from": 1, "to": 2,
+             "reason": "min_replicas", "detail": "1 is outside [2, 5]", "error": None}  # fmt: skip
+    assert [s["decisions"] for s in seen[-2:]] == [[first], []]
+    assert w.sampler.state["models"][0]["autoscale"]["last"] == first
+    decided["m", "1"] = LastDecision(3.2, Decision(3, "utilization", "busy"), 2)
+    w.clock.advance(1.0)
+    assert [d["to"] for d in seen[-1]["decisions"]] == [3]
+    assert [d["to"] for d in w.sampler.decisions] == [2, 3]
+    # Not autoscaled any more: no decision is read, none is made up.
+    w.registry.models["m"]["1"] = mv
+    w.clock.advance(1.0)
+    assert seen[-1]["decisions"] == [] and w.sampler.state["models"][0]["autoscale"] is None
+    assert w.sampler.decisions.maxlen is not None and w.sampler.decisions.maxlen <= 200
+
+
 # -- state and weights -------------------------------------------------------------------------
 
 
@@ -271,7 +363,7 @@ def test_replica_states_join_the_process_and_the_connection() -> None:
     assert state["models"] == [
         {"name": "m", "version": "1", "current": True, "replicas_wanted": 1,
          "replicas_ready": 2, "queue": 0, "batching": "aimd", "error_fraction": None,
-         "default_fraction": None, "failing": False, "last_error": None},
+         "default_fraction": None, "failing": False, "last_error": None, "autoscale": None},
     ]  # fmt: skip
     assert state["apps"][0]["name"] == "sums" and state["apps"][0]["slo_ms"] == 20.0
     # No rates given (no window), nothing answered: the columns are empty, the app ready.

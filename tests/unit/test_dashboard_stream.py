@@ -146,7 +146,8 @@ async def test_the_data_needs_the_token_and_the_page_does_not(served: Served) ->
     assert c.status == 200
     doc = orjson.loads(await c.body())
     assert doc["interval_s"] == 1.0 and doc["capacity"] == 10
-    assert doc["state"] == {"apps": [], "models": [], "replicas": []}
+    assert doc["state"] == {"apps": [], "models": [], "replicas": [], "rollouts": []}
+    assert doc["decisions"] == []
     c.close()
     # The admin API behind it still wants the token, as before.
     c = await _open(served.port, "/admin/ping")

@@ -31,6 +31,7 @@ from clipper.dashboard.assets import Assets, load_assets
 from clipper.dashboard.events import EventHub, encode_event
 from clipper.dashboard.history import History
 from clipper.dashboard.sampler import Sampler
+from clipper.dashboard.state import DecisionOf
 from clipper.errors import ConfigError
 from clipper.frontend.http import JSON, Respond, StreamingRespond
 from clipper.frontend.routes import Authorize
@@ -51,8 +52,8 @@ PREFIX = "/dashboard"
 _EVENTS = b"text/event-stream; charset=utf-8\r\nX-Accel-Buffering: no"
 _HTML = b"text/html; charset=utf-8"
 # Series beyond which a new one is not recorded (docs/dashboard.md): an application has 4, plus
-# one per default reason seen and per linked model under a policy; a model version has 5. So
-# hundreds of each fit.
+# one per default reason seen and per linked model under a policy; a model version has 6, plus
+# 2 in a traffic split or 3 as a shadow. So hundreds of each fit.
 MAX_SERIES = 4000
 # What one client may hold unsent before it is dropped: several snapshots' worth.
 MAX_CLIENT_BUFFER = 8 * 2**20
@@ -98,6 +99,7 @@ class Dashboard:
         max_client_buffer: int = MAX_CLIENT_BUFFER,
         load: Callable[[], Assets] = load_assets,
         window: MetricsWindow | None = None,
+        decisions: DecisionOf | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ConfigError(f"the dashboard's sample interval must be > 0 s, got {interval_s}")
@@ -108,7 +110,7 @@ class Dashboard:
         self.sampler = Sampler(
             clock=clock, metrics=metrics, catalog=catalog,
             manager=manager, selection=selection, history=self.history, interval_s=interval_s,
-            window=window,
+            window=window, decisions=decisions,
         )  # fmt: skip
         self.hub = EventHub(max_clients=max_clients, max_buffer_bytes=max_client_buffer)
         self.sampler.on_sample = self._publish
@@ -148,6 +150,7 @@ class Dashboard:
             "refused_series": self.history.refused_series,
             "history": self.history.snapshot(),
             "state": self.sampler.state,
+            "decisions": list(self.sampler.decisions),
         }
 
     def _publish(self, doc: dict[str, Any]) -> None:

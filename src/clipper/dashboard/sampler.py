@@ -12,8 +12,18 @@ the frontend's own Prometheus counters and histograms (nothing is added to the q
   ``app/<app>/weight/<model>``: the selection policy's weight of each linked model;
 * ``model/<name>:<version>/batch_size`` (mean inputs per batch sent), ``queue`` (inputs
   waiting now), ``cache_hit_rate`` (hits over lookups), ``replicas`` (connected),
-  ``errors`` (batches whose predict raised, per second);
+  ``errors`` (batches whose predict raised, per second), ``replicas_wanted`` (its replica
+  count: what an operator or the autoscaler set);
+* for the versions of a model's traffic split: ``model/<name>:<version>/split_qps`` (queries
+  the split sent it per second) and ``split_fallbacks`` (those drawn for it while it had no
+  replica, answered by the current version); for a shadow version: ``shadow_compared``
+  (answers compared per second), ``shadow_agreement`` (the share of them equal to the real
+  answer; None when none was compared) and ``shadow_errors`` (copies without an answer per
+  second);
 * ``frontend/loop_lag_ms``: how late the event loop runs.
+
+Autoscaling decisions are not series but events: each new one the autoscaler took is recorded
+once (the last :data:`MAX_DECISIONS` are kept) and sent with the sample that first saw it.
 
 The sampler is a timer chain on the clock, started and stopped by its owner (the frontend's
 exit stack); a sample that fails is logged and the chain goes on.
@@ -22,11 +32,12 @@ exit stack); a sample that fails is logged and the chain goes on.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from clipper.dashboard.history import History, Value
-from clipper.dashboard.state import PolicyWeights, runtime_state
+from clipper.dashboard.state import DecisionOf, PolicyWeights, decision_record, runtime_state
 from clipper.metrics import (
     HistogramValue,
     Labels,
@@ -43,10 +54,14 @@ if TYPE_CHECKING:
     from clipper.query.selection import Selection
     from clipper.runtime.catalog import Catalog
 
-__all__ = ["Sampler"]
+__all__ = ["MAX_DECISIONS", "Sampler"]
 
 log = logging.getLogger("clipper.dashboard")
 
+
+# Autoscaling decisions kept for the page (each about 200 bytes of JSON): hours of them at the
+# autoscaler's pace of at most one per version per up window.
+MAX_DECISIONS = 200
 
 _NOTHING = HistogramValue([], 0.0, 0.0)  # a histogram series that gained nothing
 
@@ -109,7 +124,12 @@ class Sampler:
         history: History,
         interval_s: float,
         window: MetricsWindow | None = None,
+        decisions: DecisionOf | None = None,
     ) -> None:
+        # The autoscaler's latest decision of a version (None: no autoscaler here).
+        self.decision_of = decisions
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=MAX_DECISIONS)
+        self._seen: dict[tuple[str, str], float] = {}  # version -> time of its last decision
         # The applications' rates over the last minute (None: the tables show none).
         self.window = window
         self.clock = clock
@@ -122,7 +142,7 @@ class Sampler:
         self.on_sample: Callable[[dict[str, Any]], None] | None = None
         self.samples = 0  # taken since start
         self.failures = 0
-        self.state: dict[str, Any] = {"apps": [], "models": [], "replicas": []}
+        self.state: dict[str, Any] = {"apps": [], "models": [], "replicas": [], "rollouts": []}
         self._weights = PolicyWeights(selection)
         self._deltas = _Deltas()
         self._timer: TimerHandle | None = None
@@ -163,14 +183,16 @@ class Sampler:
 
     def sample(self, now: float) -> dict[str, Any]:
         """Take one sample at ``now``, record it, hand it to :attr:`on_sample`; returns it:
-        ``{"t": now, "values": {series: value}, "state": runtime state}``."""
+        ``{"t": now, "values": {series: value}, "state": runtime state, "decisions": [new
+        autoscaling decisions]}``."""
         dt = max(now - self._last, 1e-9)
         self._last = now
         values = self._collect(dt)
         recorded = self.history.append(now, values)
+        new = self._new_decisions()
         self.refresh_state()
         self.samples += 1
-        doc = {"t": now, "values": recorded, "state": self.state}
+        doc = {"t": now, "values": recorded, "state": self.state, "decisions": new}
         if self.on_sample is not None:
             self.on_sample(doc)
         return doc
@@ -178,8 +200,29 @@ class Sampler:
     def refresh_state(self) -> dict[str, Any]:
         """Read the applications, models and replicas now (also between samples)."""
         rates = self.window.app_rates() if self.window is not None else None
-        self.state = runtime_state(self.catalog, self.manager, rates)
+        self.state = runtime_state(self.catalog, self.manager, rates, self.decision_of)
         return self.state
+
+    def _new_decisions(self) -> list[dict[str, Any]]:
+        """The autoscaling decisions taken since the previous sample, recorded."""
+        if self.decision_of is None:
+            return []
+        new = []
+        seen: dict[tuple[str, str], float] = {}
+        for name, versions in self.registry.models.items():
+            for version, mv in versions.items():
+                if mv.autoscale is None:
+                    continue
+                last = self.decision_of(name, version)
+                if last is None:
+                    continue
+                seen[name, version] = last.at
+                if self._seen.get((name, version)) != last.at:
+                    new.append(decision_record(name, version, last))
+        self._seen = seen  # versions gone or no longer autoscaled are forgotten
+        new.sort(key=lambda d: (d["t"], d["model"], d["version"]))
+        self.decisions.extend(new)
+        return new
 
     def _collect(self, dt: float) -> dict[str, Value]:
         m, d = self.metrics, self._deltas
@@ -190,6 +233,13 @@ class Sampler:
         hits = d.counters("hits", m.cache_hits)
         misses = d.counters("misses", m.cache_misses)
         errors = d.counters("errors", m.model_errors)
+        split = d.counters("split", m.split_requests)
+        fallbacks = d.counters("fallbacks", m.split_fallbacks)
+        agreed = d.counters("agreed", m.shadow_agreements)
+        disagreed = d.counters("disagreed", m.shadow_disagreements)
+        failed: dict[tuple[str, ...], float] = {}
+        for (model, version, _), gained in d.counters("shadow_errors", m.shadow_errors).items():
+            failed[model, version] = failed.get((model, version), 0.0) + gained
         out: dict[str, Value] = {}
         registry = self.registry
         for name, app in registry.apps.items():
@@ -217,6 +267,21 @@ class Sampler:
             out[p + "cache_hit_rate"] = _r(h / (h + miss), 4) if h + miss > 0 else None
             out[p + "replicas"] = float(sum(not r.draining for r in sched.replicas))
             out[p + "errors"] = _r(errors.get(key, 0.0) / dt)
+            mv = registry.models.get(name, {}).get(version)
+            if mv is not None:
+                out[p + "replicas_wanted"] = float(mv.num_replicas)
+            rollout = registry.rollouts.get(name)
+            if rollout is None:
+                continue
+            # Only the versions a rollout names: a model without one adds no series.
+            if version in rollout.weights:
+                out[p + "split_qps"] = _r(split.get(key, 0.0) / dt)
+                out[p + "split_fallbacks"] = _r(fallbacks.get(key, 0.0) / dt)
+            if rollout.shadow is not None and rollout.shadow.version == version:
+                a, n = agreed.get(key, 0.0), agreed.get(key, 0.0) + disagreed.get(key, 0.0)
+                out[p + "shadow_compared"] = _r(n / dt)
+                out[p + "shadow_agreement"] = _r(a / n, 4) if n > 0 else None
+                out[p + "shadow_errors"] = _r(failed.get(key, 0.0) / dt)
         lag = [s.value for family in m.loop_lag.collect() for s in family.samples]
         out["frontend/loop_lag_ms"] = _r(lag[0] * 1e3) if lag else None
         return out

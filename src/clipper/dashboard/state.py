@@ -30,9 +30,20 @@ if TYPE_CHECKING:
     from clipper.managers.base import ContainerManager
     from clipper.query.selection import Selection
     from clipper.registry import Application
+    from clipper.runtime.autoscaler import LastDecision
     from clipper.runtime.catalog import Catalog
 
-__all__ = ["REPLICA_STATES", "PolicyWeights", "policy_weights", "runtime_state"]
+__all__ = [
+    "REPLICA_STATES",
+    "DecisionOf",
+    "PolicyWeights",
+    "decision_record",
+    "policy_weights",
+    "runtime_state",
+]
+
+DecisionOf = Callable[[str, str], "LastDecision | None"]
+"""The autoscaler's latest decision for a version (None: it drives it not, or has not decided)."""
 
 REPLICA_STATES = ("starting", "restarting", "ready", "draining", "stopping")
 
@@ -52,16 +63,34 @@ def _replica_state(
     return "restarting" if restarts else "starting"
 
 
+def decision_record(name: str, version: str, last: LastDecision) -> dict[str, Any]:
+    """One autoscaling decision as the dashboard shows it (``t``: clock time it was taken)."""
+    d = last.decision
+    return {
+        "t": last.at,
+        "model": name,
+        "version": version,
+        "from": last.previous,
+        "to": d.replicas,
+        "reason": d.reason,
+        "detail": d.detail,
+        "error": last.error,
+    }
+
+
 def runtime_state(
     catalog: Catalog,
     manager: ContainerManager,
     rates: Mapping[str, Mapping[str, Any]] | None = None,
+    decisions: DecisionOf | None = None,
 ) -> dict[str, Any]:
-    """``{"apps": [...], "models": [...], "replicas": [...]}``: plain JSON values, sorted.
+    """``{"apps": [...], "models": [...], "replicas": [...], "rollouts": [...]}``: plain JSON
+    values, sorted.
 
     ``rates``: each application's rates over the last minute
     (:meth:`~clipper.metrics_window.MetricsWindow.app_rates`); without them an application's
-    error and default rates are None. A model version's come from its scheduler's window."""
+    error and default rates are None. A model version's come from its scheduler's window.
+    ``decisions``: the autoscaler's latest decision of a version, shown with its settings."""
     registry = catalog.registry
     rates = rates or {}
     apps = [
@@ -91,6 +120,8 @@ def runtime_state(
             live = sched.replicas if sched is not None else []
             connected.update((r.address, r) for r in live if r.address)
             health = sched.health.reading() if sched is not None else None
+            auto = mv.autoscale
+            last = decisions(name, version) if decisions is not None and auto else None
             models.append(
                 {
                     "name": name,
@@ -105,6 +136,13 @@ def runtime_state(
                     "default_fraction": health.default_fraction if health else None,
                     "failing": health.failing if health else False,
                     "last_error": health.last_error if health else None,
+                    "autoscale": None
+                    if auto is None or not auto.enabled
+                    else {
+                        "min": auto.min_replicas,
+                        "max": auto.max_replicas,
+                        "last": None if last is None else decision_record(name, version, last),
+                    },
                 }
             )
     replicas = []
@@ -146,7 +184,20 @@ def runtime_state(
                 }
             )
     replicas.sort(key=lambda d: (d["model"], d["version"], d["slot"] is None, d["slot"] or 0))
-    return {"apps": apps, "models": models, "replicas": replicas}
+    rollouts = []
+    for name in sorted(registry.rollouts):
+        rollout = registry.rollouts[name]
+        rollouts.append(
+            {
+                "model": name,
+                "current": registry.current.get(name),
+                # Each split version's share of the unpinned queries (None: no split).
+                "split": rollout.shares() if rollout.split else None,
+                "sticky": rollout.sticky,
+                "shadow": None if rollout.shadow is None else rollout.shadow.to_record(),
+            }
+        )
+    return {"apps": apps, "models": models, "replicas": replicas, "rollouts": rollouts}
 
 
 def policy_weights(policy: SelectionPolicy, state: State) -> dict[str, float]:

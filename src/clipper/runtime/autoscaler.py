@@ -34,7 +34,13 @@ from clipper.runtime.catalog import Catalog
 from clipper.runtime.control import Control
 from clipper.runtime.scale_policy import Decision, Sample, ScalePolicy
 
-__all__ = ["Autoscaler", "replica_capacities", "replica_capacity", "replica_figures"]
+__all__ = [
+    "Autoscaler",
+    "LastDecision",
+    "replica_capacities",
+    "replica_capacity",
+    "replica_figures",
+]
 
 log = logging.getLogger("clipper.autoscaler")
 
@@ -99,9 +105,13 @@ def replica_figures(sched: ModelScheduler) -> list[tuple[float, float]]:
 
 
 @dataclass(slots=True)
-class _Last:
+class LastDecision:
+    """A version's latest decision: when (clock time), what, from how many replicas, and why
+    carrying it out failed (None: it did not, or not yet)."""
+
     at: float
     decision: Decision
+    previous: int = 0
     error: str | None = None
 
 
@@ -203,7 +213,7 @@ class Autoscaler:
         self._metrics = _Metrics(metrics_registry)
         self._policies: dict[Key, ScalePolicy] = {}
         self._due: dict[Key, float] = {}
-        self._last: dict[Key, _Last] = {}
+        self._last: dict[Key, LastDecision] = {}
         self._actions: dict[Key, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -319,7 +329,7 @@ class Autoscaler:
         m.last.labels(*labels, decision.reason).set(1)
         m.desired.labels(*labels).set(decision.replicas)
         m.decisions.labels(*labels, decision.reason).inc()
-        self._last[mv.key] = _Last(now, decision)
+        self._last[mv.key] = LastDecision(now, decision, mv.num_replicas)
         task = asyncio.get_running_loop().create_task(
             self._act(mv, decision), name=f"clipper-autoscale-{mv.name}-{mv.version}"
         )
@@ -370,6 +380,10 @@ class Autoscaler:
             "driven_here": mv.autoscale.owner == self.control.node_id,
             "status": self.status(mv.name, mv.version),
         }
+
+    def last_decision(self, name: str, version: str) -> LastDecision | None:
+        """The latest decision for a version this frontend drives (the dashboard's timeline)."""
+        return self._last.get((name, version))
 
     def status(self, name: str, version: str) -> dict[str, object] | None:
         """The state of a version this frontend drives (None when it drives it not)."""
