@@ -294,10 +294,10 @@ def _tools(where: Path) -> Path:
     """``clipper`` and ``python`` on the PATH, as the docs assume: this test's interpreter (and,
     through PYTHONPATH, this checkout's code)."""
     where.mkdir()
-    (where / "clipper").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m clipper "$@"\n')
-    (where / "clipper").chmod(0o755)
-    (where / "python").symlink_to(sys.executable)
-    (where / "python3").symlink_to(sys.executable)
+    # Scripts, not links: a link to a venv's python starts without the venv's packages.
+    for name, run in (("clipper", "-m clipper "), ("python", ""), ("python3", "")):
+        (where / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" {run}"$@"\n')
+        (where / name).chmod(0o755)
     return where
 
 
