@@ -69,6 +69,18 @@ SETUP: dict[str, list[str]] = {
         "clipper link digits digits",
     ],
     "docs/cli.md": ["clipper start"],
+    "docs/pipelines.md": [
+        "clipper start",
+        "clipper model deploy logreg.joblib --name logreg --version 1 --input-type doubles",
+    ],
+}
+# The description file docs/pipelines.md's commands read (its own example elides the stages).
+CHAIN = {
+    "input_type": "doubles",
+    "latency_slo_micros": 50000,
+    "default_output": "null",
+    "stages": [{"name": "score", "model": "logreg"}],
+    "output": "$score",
 }
 
 
@@ -180,12 +192,14 @@ def test_every_shell_block_is_run_or_says_why_not() -> None:
     # A marker stands right before a shell block: none is stray (before a python block, say).
     for doc in DOCUMENTS:
         text = (ROOT / doc).read_text()
-        markers = len(re.findall(r"<!-- (not run|run instead): ", text))
+        markers = len(re.findall(r"^\s*<!-- (not run|run instead): ", text, re.M))
         assert markers == sum(1 for b in blocks(doc) if b.not_run or b.instead), doc
 
 
 def test_the_extraction_reads_a_console_block_and_expected_output() -> None:
-    console = Block("x.md", 1, "console", "$ clipper stop\nstopped ...\n$ clipper stop\n", None, None)
+    console = Block(
+        "x.md", 1, "console", "$ clipper stop\nstopped ...\n$ clipper stop\n", None, None
+    )
     assert [c.text for c in commands(console)] == ["clipper stop", "clipper stop"]
     shell = Block("x.md", 1, "bash", 'a --x \\\n  --y\n# {"a": 1}\n# note\nb # why', None, None)
     assert commands(shell) == [Command("a --x --y", {"a": 1}), Command("b # why", None)]
@@ -229,6 +243,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _files_for(doc: str, work: Path, env: dict[str, str]) -> None:
     """The files a document's commands name that the document itself does not make."""
+    if doc == "docs/pipelines.md":
+        (work / "chain.json").write_bytes(orjson.dumps(CHAIN))
     if doc == "docs/cli.md":
         # ``clipper apply -f clipper.yaml``: the file is the document's YAML block, and the
         # models it names (a joblib file, an artifact directory, a pickle) are the guide's.
