@@ -26,7 +26,7 @@ async def test_the_live_version_is_deleted_only_with_force(
     assert refused.body.decode() == (
         "m:1 is the current version of m, which serves waiting: deleting it leaves them "
         "nothing but default outputs. Switch to another version first (set_model_version), "
-        "unlink m, or delete it anyway with force"
+        'unlink m, or delete it anyway with --force (admin API: "force": true)'
     )
     assert "1" in fe.clipper.registry.models["m"]  # nothing changed
     assert json_of(await fe.query.get("/ready"), 503)["reasons"] == [

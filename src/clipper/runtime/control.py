@@ -308,7 +308,7 @@ class Control:
                         f"{name}:{version} is the current version of {name}, which serves "
                         f"{', '.join(apps)}: deleting it leaves them nothing but default "
                         f"outputs. Switch to another version first (set_model_version), unlink "
-                        f"{name}, or delete it anyway with force"
+                        f'{name}, or delete it anyway with --force (admin API: "force": true)'
                     )
             d.delete_model_version(name, version)
 
