@@ -253,7 +253,7 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                     # Setting the bounds clamps the count at once; a count set outside them
                     # afterwards is the autoscaler's to correct.
                     await c.set_autoscale("wrong", "1", min_replicas=1, max_replicas=1)
-                    await c.set_num_replicas("wrong", 2, "1")
+                    await c.set_num_replicas("wrong", 2, "1", wait=False)  # the autoscaler cuts it
                     await wait_for(
                         lambda: page.evaluate(
                             """() => !!document.querySelector(

@@ -87,6 +87,26 @@ async def test_a_request_without_the_token_is_refused_before_its_body() -> None:
         assert (pong.status, pong.body) == (200, b"PONG")
 
 
+async def _ping_within(admin_url: str, limit_s: float) -> int:
+    """An authorized ping as a client sends it: a connection refused at the limit (503) or
+    lost in the flood's churn is tried again, within ``limit_s`` in all (the target: 200
+    within 1 s). The status of the last try."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit_s
+    status = 0
+    while loop.time() < end:
+        try:
+            pong = await request(
+                admin_url + "/admin/ping", headers=AUTH, limit_s=max(end - loop.time(), 0.01)
+            )
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
+            continue
+        status = pong.status
+        if status == 200:
+            break
+    return status
+
+
 async def test_unauthenticated_uploads_cannot_lock_out_an_authorized_ping() -> None:
     """The issue's attack, scaled to a 16-slot admin port: 20 connections (more than the
     limit, as 70 are more than 64) each uploading 9 MB without a token, reconnecting when
@@ -124,9 +144,7 @@ async def test_unauthenticated_uploads_cannot_lock_out_an_authorized_ping() -> N
         statuses = []
         try:
             await wait_for(lambda: attempts >= 40, limit_s=LIMIT_S)  # the attack is under way
-            for _ in range(20):
-                pong = await request(c.admin_url + "/admin/ping", headers=AUTH, limit_s=1.0)
-                statuses.append(pong.status)
+            statuses.extend([await _ping_within(c.admin_url, 1.0) for _ in range(20)])
             rss_delta = _rss_bytes() - rss0
         finally:
             stop.set()

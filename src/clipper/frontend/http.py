@@ -32,8 +32,11 @@ is up. Nothing is cut mid-answer.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import resource
+import sys
+import termios
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -551,6 +554,20 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _unread(self) -> bool:
+        """Bytes wait in the socket that the loop has not read yet (a new connection's first
+        request, a keep-alive one's next): such a connection is not idle, only early. A flood
+        of reconnecting clients evicted an authorized client's new connection that way."""
+        t = self.transport
+        sock = t.get_extra_info("socket") if t is not None else None
+        if sock is None:
+            return False
+        try:
+            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except (OSError, ValueError):
+            return False
+        return int.from_bytes(waiting, sys.byteorder, signed=True) > 0
+
     def _is_idle(self) -> bool:
         """Nothing owed either way: no answer owed, no request begun (not even one pipelined
         behind an answered one, whose URL the parser has started), not a stream."""
@@ -858,14 +875,16 @@ class HttpServer:
         """Close the connection that has been idle longest (HTTP lets a server close an idle
         keep-alive connection at any time; the client reconnects): True when one was."""
         idle = self.idle
-        while idle:
-            conn = next(iter(idle))
-            del idle[conn]
-            if conn._is_idle():
+        for conn in list(idle):
+            if not conn._is_idle():
+                del idle[conn]  # stale: a request began since
+            elif not conn._unread():
+                del idle[conn]
                 self.release(conn)
                 conn._close()
                 self.evicted += 1
                 return True
+            # else its next request is in the socket, not read yet: early, not idle
         return False
 
     def release(self, conn: _Connection) -> None:
