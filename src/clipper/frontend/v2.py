@@ -15,6 +15,7 @@ Errors are ``{"error": "<cause>"}`` (:func:`error_response`) with the status of 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -254,8 +255,16 @@ def count_rows(headers: dict[bytes, bytes], body: bytes, max_items: int) -> None
     """The batch dimension of an infer body's tensors judged without the GIL (safe in any
     thread): 413 over ``max_items``, 400 when the JSON's brackets do not balance."""
     body, _binary = _split(headers, body)
+    _refuse_rows(item_scan.v2_rows, body, max_items)
+
+
+def _refuse_rows(
+    count: Callable[[bytes], tuple[str, int] | None], body: bytes, max_items: int
+) -> None:
+    """413 when ``count`` finds a tensor's batch dimension over ``max_items``; 400 when the
+    JSON cannot be scanned."""
     try:
-        rows = item_scan.v2_rows(body)
+        rows = count(body)
     except ValueError as e:
         raise BadInputError(f"malformed JSON in the infer request: {e}") from None
     if rows is not None and rows[1] > max_items:
@@ -272,12 +281,7 @@ def parse_infer(
     here, or counted already by :func:`count_rows`)."""
     body, binary = _split(headers, body)
     if max_items is not None and len(body) > PRECHECK_BYTES:
-        try:
-            rows = _COUNTER.v2_rows(body)
-        except ValueError as e:
-            raise BadInputError(f"malformed JSON in the infer request: {e}") from None
-        if rows is not None and rows[1] > max_items:
-            raise too_many_rows(rows[0], rows[1], max_items)
+        _refuse_rows(_COUNTER.v2_rows, body, max_items)
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
