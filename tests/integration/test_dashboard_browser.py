@@ -238,7 +238,12 @@ async def test_the_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                         what="the failing model's application shown as not ready",
                     )  # fmt: skip
                     shown_failing = await failing_shown()
-                    assert shown_failing["app"][-3:] == ["100.0%", "100.0%", "not ready"]
+                    # The rates count queries sent: one still at the replica when the minute's
+                    # window was read is neither an error nor an answer yet (CI saw 99.8%).
+                    app_errors, app_defaults, app_ready = shown_failing["app"][-3:]
+                    assert float(app_errors.rstrip("%")) >= 99.0, shown_failing["app"]
+                    assert float(app_defaults.rstrip("%")) >= 99.0, shown_failing["app"]
+                    assert app_ready == "not ready"
                     assert "model 'chatty:1' answered" in shown_failing["why"]
                     assert shown_failing["sums"] == "yes" and shown_failing["model"] == "yes"
                     assert shown_failing["modelCells"][-3] == "100.0%"
