@@ -396,9 +396,7 @@ class _Server:
             if link.connected and self.fast:
                 link.acked = False
                 link.send(encode_goodbye())
-                self.log.info(
-                    "leaving: told %s; draining %d batches", link.address, link.pending
-                )
+                self.log.info("leaving: told %s; draining %d batches", link.address, link.pending)
             else:
                 link.acked = True  # nothing to tell: not connected, or the original frontend
 
@@ -483,8 +481,7 @@ class _Server:
                 else (
                     " (never answered: are --rpc-keys those of this frontend?)"
                     if self.keys is not None
-                    else " (never answered: a frontend with RPC authentication on needs "
-                    "--rpc-keys)"
+                    else " (never answered: a frontend with RPC authentication on needs --rpc-keys)"
                 ),
             )
             assert self.ctx is not None
