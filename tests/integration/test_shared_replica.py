@@ -14,6 +14,7 @@ them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -147,7 +148,7 @@ async def test_one_replica_serves_two_frontends_outlives_one_and_exits_orphaned(
     proc = container.start(keys, a.ports.rpc, "--frontend", f"tcp://127.0.0.1:{b.ports.rpc}")
     for f in (a, b):
         await wait_for(
-            lambda f=f: answers(f.query_url, 6.0), limit_s=30, interval=0.1,
+            functools.partial(answers, f.query_url, 6.0), limit_s=30, interval=0.1,
             what=f"{f.name} to answer from the shared replica",
         )  # fmt: skip
     assert proc.poll() is None
