@@ -25,18 +25,26 @@ metadata frame unless ``--v3-only``): outputs as a JSON list, or status 1 with
 string: ``str`` outputs unchanged, anything else JSON-encoded; v3 has no error channel, so a
 failed batch answers every output with the JSON string ``{"__clipper_error__": "<message>"}``.
 
-Threads: the DEALER socket belongs to the main thread, which also sends heartbeats; ``predict``
-runs on one worker thread in arrival order, so heartbeats keep flowing during a slow batch.
-The worker hands finished responses back through a queue and wakes the main thread's poller
-with a byte on a socketpair. With no message from the frontend for ``activity_timeout`` the
-container drops its socket and reconnects with a new identity (and so re-registers).
+Threads: the DEALER sockets, one per frontend (:mod:`clipper.container.link`), belong to the
+main thread, which also sends heartbeats; ``predict`` runs on one worker thread in arrival order
+across every frontend, so heartbeats keep flowing during a slow batch. The worker hands finished
+responses back through a queue, each tagged with the link and session its batch came on, and
+wakes the main thread's poller with a byte on a socketpair. With no message from a frontend for
+``activity_timeout`` the container drops that link's socket and reconnects with a new identity
+(and so re-registers there).
 
-Leaving: SIGTERM (or SIGINT) drains. The container stops being ready, tells the frontend it
-leaves (a goodbye message, answered by an acknowledgement after which no batch comes), answers
-the batches it already holds, and exits; ``--drain-timeout`` bounds that. A second signal exits
-at once. Readiness (``--ready-file``, ``--ready-port``) and the log lines about an unreachable
-or refusing frontend are :mod:`clipper.container.presence`; ``--fetch-artifact`` (the model from
-the frontend instead of ``--model-path``) is :mod:`clipper.container.fetch`.
+Shared replicas (``--shared``, ``--frontend``): the container serves every frontend of a
+deployment. It follows the FRONTENDS lists the frontends send (dialling new addresses, dropping
+unlisted ones but never its last live link), reports its queue after each heartbeat, ignores
+``--parent-pid``, and exits once no frontend was heard from for ``--orphan-timeout-s``.
+
+Leaving: SIGTERM (or SIGINT, or a RETIRE message) drains. The container stops being ready,
+tells every frontend it leaves (a goodbye message, answered by an acknowledgement after which
+no batch comes), answers the batches it already holds, and exits; ``--drain-timeout`` bounds
+that. A second signal exits at once. Readiness (``--ready-file``, ``--ready-port``) and the log
+lines about an unreachable or refusing frontend are :mod:`clipper.container.presence`;
+``--fetch-artifact`` (the model from the frontend instead of ``--model-path``) is
+:mod:`clipper.container.fetch`.
 
 Authentication: a frontend with RPC authentication on (the default) accepts only containers that
 hold its deployment's CURVE keys: ``--rpc-keys DIR`` (or ``CLIPPER_RPC_KEYS``) names a directory
