@@ -18,7 +18,14 @@ import pytest
 from clipper.container.runtime import serve
 from clipper.inputs import InputType
 from clipper.rpc import wire
-from clipper.rpc.wire import Heartbeat, PredictResponse, QueueReport, decode_container_message
+from clipper.rpc.wire import (
+    Goodbye,
+    Heartbeat,
+    HeartbeatType,
+    PredictResponse,
+    QueueReport,
+    decode_container_message,
+)
 from tests.integration.test_container_runtime import TIMEOUT_S, MockFrontend
 
 pytestmark = pytest.mark.integration
@@ -148,7 +155,8 @@ def test_frontends_opens_and_drops_links_but_never_the_last_live_one(
 ) -> None:
     a, b = fronts
     caplog.set_level(logging.INFO, logger="clipper.container")
-    replica = Replica(Gated(), a.address, [], shared=True)
+    model = Gated()
+    replica = Replica(model, a.address, [], shared=True)
     try:
         ida, _, _ = a.register()
         assert quiet(b)  # not told about b yet
@@ -156,9 +164,16 @@ def test_frontends_opens_and_drops_links_but_never_the_last_live_one(
         idb, _, _ = b.register()  # it dialled b and registers there
         assert isinstance(next_of(b, Heartbeat, idb), Heartbeat)
 
+        b.send(idb, batch(1, [99.0, 1.0]))  # held until the gate opens
         a.send(ida, wire.encode_frontends([a.address]))  # b is gone from the list
+        # b is told first (goodbye), its batch still answered, then the link closes once b
+        # acknowledges.
+        assert isinstance(next_of(b, Goodbye, idb), Goodbye)
+        model.gate.set()
+        assert next_of(b, PredictResponse, idb) == PredictResponse(1, [100.0], None, False)
+        b.send(idb, wire.encode_heartbeat_reply(HeartbeatType.GOODBYE_ACK))
         deadline = time.monotonic() + TIMEOUT_S
-        while f"frontend {b.address} no longer listed" not in caplog.text:
+        while f"link to {b.address} closed (0 batches unanswered)" not in caplog.text:
             assert time.monotonic() < deadline, caplog.text
             a.recv()  # keep a's side read meanwhile
         while b.sock.poll(0):
@@ -171,12 +186,9 @@ def test_frontends_opens_and_drops_links_but_never_the_last_live_one(
         assert idb2 != idb  # a new link: a new identity
         assert f"frontend {a.address} no longer listed" not in caplog.text
         assert ask(a, ida, batch(4, [1.0, 1.0])) == PredictResponse(4, [2.0], None, False)
-        # Now b is live: its own list drops a.
+        # Now b is live: its own list leaves a (which is told).
         b.send(idb2, wire.encode_frontends([b.address]))
-        deadline = time.monotonic() + TIMEOUT_S
-        while f"frontend {a.address} no longer listed" not in caplog.text:
-            assert time.monotonic() < deadline, caplog.text
-            b.recv()
+        assert isinstance(next_of(a, Goodbye, ida), Goodbye)
         assert ask(b, idb2, batch(5, [2.0, 3.0])) == PredictResponse(5, [5.0], None, False)
     finally:
         replica.close()

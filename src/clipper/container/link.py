@@ -50,6 +50,9 @@ class FrontendLink:
         self.ours = False
         # While leaving: its goodbye was acknowledged, or there is nobody to wait for.
         self.acked = False
+        # Set when this frontend is left alone (no longer listed): by when the link closes
+        # even if batches are still unanswered (0.0: not being left).
+        self.retiring_by = 0.0
         self.closed = False
         self.last_rx = 0.0
         self.next_hb = 0.0
@@ -90,6 +93,11 @@ class FrontendLink:
         self.pending = 0
         self.registered = False
         self._close_socket()
+
+    @property
+    def live(self) -> bool:
+        """Connected and not being left: a link the container keeps serving on."""
+        return self.connected and not self.retiring_by and not self.closed
 
     def heard(self, now: float) -> None:
         """A message came on this link."""

@@ -384,7 +384,8 @@ class _Server:
     def update_readiness(self) -> None:
         # Ready while registered with at least one frontend (and not leaving).
         self.readiness.set(
-            not self.leaving and any(link.registered for link in self.links.values())
+            not self.leaving
+            and any(link.registered and not link.retiring_by for link in self.links.values())
         )
 
     def build_poller(self) -> zmq.Poller:
@@ -473,6 +474,12 @@ class _Server:
     def tick(self, now: float) -> None:
         """Each link's heartbeat (with the queue report) and its silence check."""
         for link in list(self.links.values()):
+            if link.retiring_by and ((link.acked and link.pending == 0) or now >= link.retiring_by):
+                self.log.info(
+                    "link to %s closed (%d batches unanswered)", link.address, link.pending
+                )
+                self.drop_link(link)
+                continue
             if link.connected and now >= link.next_hb:
                 link.send(encode_heartbeat())
                 if self.shared and link.ours:
@@ -492,6 +499,9 @@ class _Server:
                     else " (never answered: a frontend with RPC authentication on needs --rpc-keys)"
                 ),
             )
+            if link.retiring_by:
+                self.drop_link(link)  # being left anyway
+                continue
             assert self.ctx is not None
             link.reconnect(self.ctx, now)
             self.poller = None
@@ -509,7 +519,7 @@ class _Server:
             if msg.type == HeartbeatType.GOODBYE_ACK:
                 link.acked = True
                 link.ours = True
-            elif self.leaving:
+            elif self.leaving or link.retiring_by:
                 pass  # removed as it drained: it must not register again
             elif msg.type == HeartbeatType.KEEP_ALIVE:
                 link.registered = True  # known to the frontend: registered
@@ -561,13 +571,22 @@ class _Server:
                 self.log.info("frontend %s listed by %s: linking", address, origin.address)
                 self.add_link(address, now)
         for link in list(self.links.values()):
-            if link.address in wanted:
+            if link.address in wanted or link.retiring_by:
                 continue
-            others = [x for x in self.links.values() if x is not link and x.connected]
+            others = [x for x in self.links.values() if x is not link and x.live]
             if not others:
                 continue
-            self.log.info("frontend %s no longer listed: dropping its link", link.address)
-            self.drop_link(link)
+            if link.connected and self.fast:
+                # Told first, so it sends no new batch; dropped once those it sent are
+                # answered (or the drain timeout passes: a dead frontend never acknowledges).
+                self.log.info("frontend %s no longer listed: leaving its link", link.address)
+                link.acked = False
+                link.retiring_by = now + self.drain_timeout
+                link.send(encode_goodbye())
+                self.update_readiness()
+            else:
+                self.log.info("frontend %s no longer listed: dropping its link", link.address)
+                self.drop_link(link)
 
     def flush(self) -> None:
         try:
