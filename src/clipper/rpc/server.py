@@ -199,7 +199,10 @@ class RpcServer(Generic[P]):
     def set_frontends(self, addresses: Sequence[str]) -> None:
         """Remember every live frontend's RPC address and send the list (FRONTENDS) to each
         registered fast replica now, and to each one that registers later: a shared replica
-        dials every frontend listed. v3 replicas are never sent it."""
+        dials every frontend listed. v3 replicas are never sent it. Raises
+        :class:`~clipper.errors.WireError` (and keeps the previous list) for more than
+        :data:`~clipper.rpc.wire.MAX_FRONTENDS` addresses or one longer than
+        :data:`~clipper.rpc.wire.MAX_ADDRESS_BYTES`: no replica would take it."""
         frames = wire.encode_frontends(addresses)  # refuses a list no replica would take
         self._frontends = tuple(addresses)
         if self._sock is None:
