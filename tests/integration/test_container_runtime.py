@@ -29,6 +29,7 @@ from clipper.rpc.wire import (
     HeartbeatType,
     NewContainer,
     PredictResponse,
+    QueueReport,
     decode_container_message,
 )
 
@@ -57,7 +58,9 @@ class MockFrontend:
     def recv_decoded(
         self, skip_heartbeats: bool = True, timeout: float = TIMEOUT_S
     ) -> tuple[
-        bytes, Heartbeat | NewContainer | PredictResponse | Goodbye | ArtifactRequest, list[bytes]
+        bytes,
+        Heartbeat | NewContainer | PredictResponse | Goodbye | ArtifactRequest | QueueReport,
+        list[bytes],
     ]:
         deadline = time.monotonic() + timeout
         while True:

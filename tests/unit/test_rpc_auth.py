@@ -14,7 +14,7 @@ import pytest
 from clipper.cli import _env_defaults, _parser, config_from_args
 from clipper.clock import FakeClock
 from clipper.config import FrontendConfig
-from clipper.container.runtime import _parser as container_parser
+from clipper.container.options import build_parser as container_parser
 from clipper.errors import ConfigError
 from clipper.inputs import InputType
 from clipper.managers.local import LocalManager, ReplicaProcess

@@ -695,3 +695,26 @@ def test_late_answers_count_as_demand_only_when_the_wait_for_a_busy_replica_made
     h.respond(2)
     assert h.results.value(b"queued") == b"QUEUED"
     assert (h.sched.late, h.sched.overran) == (1, 1)
+
+
+async def test_batches_other_frontends_queued_on_a_shared_replica_are_priced(
+    harness_factory: Any, trust_one_batch: None
+) -> None:
+    """A shared replica runs the batches other frontends queued on it before ours: admission
+    adds them (its latest queue report) at the batch latency measured here, even with an
+    empty queue here and the replica free of our batches."""
+    h = harness_factory(batching=fixed(1))
+    r = h.replica()
+    h.submit(b"a")
+    h.clock.advance(0.1)  # one batch per 100 ms
+    h.respond(0)
+    assert h.sched.expected_latency_s() == 0.0  # idle here, nothing reported elsewhere
+    r.link.queued_elsewhere = 3  # three batches of other frontends ahead: ~300 ms
+    assert h.sched.expected_latency_s() == pytest.approx(0.4)
+    with pytest.raises(OverloadedError, match=r"about 400\.0 ms of work"):
+        h.sched.submit(h.task(b"behind", slo_s=0.35))
+    h.sched.submit(h.task(b"fits", slo_s=0.45))
+    assert len(h.sched.queue) == 1
+    # A second replica with nothing queued elsewhere takes our batches at once.
+    h.replica()
+    assert h.sched.expected_latency_s() < 0.4

@@ -305,7 +305,10 @@ def _v3_response() -> list[bytes]:
     [
         ([b""], r"1 frames; expected at least 2"),
         ([b"", b"\x02\x00"], r"frame 1 \(message type\): expected a 4-byte u32, got 2"),
-        ([b"", b"\x09" + Z3], r"frame 1 \(message type\): expected 0, 1, 2, 16, 17 or 18, got 9"),
+        (
+            [b"", b"\x09" + Z3],
+            r"frame 1 \(message type\): expected 0, 1, 2, 16, 17, 18 or 21, got 9",
+        ),
         ([b"", b"\x00" * 4, b"m", b"v"], r"at least 5 \(model name"),
         ([b"", b"\x00" * 4, b"m", b"v", b"three"], r"frame 4 \(input type\): expected a decimal"),
         ([b"", b"\x00" * 4, b"\xff", b"v", b"3"], r"frame 2 \(model name\): not UTF-8"),

@@ -267,13 +267,15 @@ class ModelScheduler:
             # admits: that is also how a model whose estimate went stale (a slow first batch)
             # gets measured again instead of shedding forever. (The replica scan runs only
             # when the cheap estimate is already late: this is the query path.)
-            wait = (len(q) + 1) / self._capacity_rps
+            # A shared replica also runs the batches other frontends queued on it first.
+            elsewhere = self._queued_elsewhere_s()
+            wait = (len(q) + 1) / self._capacity_rps + elsewhere
             late = task.enqueued_at + wait > task.deadline
             if not late and task.enqueued_at + wait + self._batch_latency > task.deadline:
                 running = self._running_remaining(task.enqueued_at)
                 late = task.enqueued_at + wait + running > task.deadline
                 wait += running
-            if late and not q and self._free_replica() is not None:
+            if late and not q and not elsewhere and self._free_replica() is not None:
                 late = False
             if late and not self._probe(task.enqueued_at):
                 self.shed += 1
@@ -334,10 +336,29 @@ class ModelScheduler:
         is empty and a replica is free: an idle model always admits, as :meth:`submit` does
         (that is also how a stale estimate gets measured again). Pipelines price their
         critical path with it."""
-        if self._capacity_rps <= 0.0 or (not self.queue and self._free_replica() is not None):
+        if self._capacity_rps <= 0.0:
+            return 0.0
+        elsewhere = self._queued_elsewhere_s()
+        if not elsewhere and not self.queue and self._free_replica() is not None:
             return 0.0
         running = self._running_remaining(self.clock.now())
-        return (len(self.queue) + 1) / self._capacity_rps + running
+        return (len(self.queue) + 1) / self._capacity_rps + running + elsewhere
+
+    def _queued_elsewhere_s(self) -> float:
+        """How long the batches other frontends have queued on shared replicas delay ours:
+        for the replica that frees first, the batches it last reported queued by others times
+        the batch latency measured here (0.0 when some replica has none)."""
+        best = float("inf")
+        for r in self.replicas:
+            if r.draining:
+                continue
+            n = r.link.queued_elsewhere
+            if n == 0:
+                return 0.0
+            c = r.controller
+            assert c is not None
+            best = min(best, n * c.typical_latency(c.max_batch_size()))
+        return 0.0 if best == float("inf") else best
 
     def _running_remaining(self, now: float) -> float:
         """How long until a replica frees up: the shortest expected remainder of the batches

@@ -25,18 +25,26 @@ metadata frame unless ``--v3-only``): outputs as a JSON list, or status 1 with
 string: ``str`` outputs unchanged, anything else JSON-encoded; v3 has no error channel, so a
 failed batch answers every output with the JSON string ``{"__clipper_error__": "<message>"}``.
 
-Threads: the DEALER socket belongs to the main thread, which also sends heartbeats; ``predict``
-runs on one worker thread in arrival order, so heartbeats keep flowing during a slow batch.
-The worker hands finished responses back through a queue and wakes the main thread's poller
-with a byte on a socketpair. With no message from the frontend for ``activity_timeout`` the
-container drops its socket and reconnects with a new identity (and so re-registers).
+Threads: the DEALER sockets, one per frontend (:mod:`clipper.container.link`), belong to the
+main thread, which also sends heartbeats; ``predict`` runs on one worker thread in arrival order
+across every frontend, so heartbeats keep flowing during a slow batch. The worker hands finished
+responses back through a queue, each tagged with the link and session its batch came on, and
+wakes the main thread's poller with a byte on a socketpair. With no message from a frontend for
+``activity_timeout`` the container drops that link's socket and reconnects with a new identity
+(and so re-registers there).
 
-Leaving: SIGTERM (or SIGINT) drains. The container stops being ready, tells the frontend it
-leaves (a goodbye message, answered by an acknowledgement after which no batch comes), answers
-the batches it already holds, and exits; ``--drain-timeout`` bounds that. A second signal exits
-at once. Readiness (``--ready-file``, ``--ready-port``) and the log lines about an unreachable
-or refusing frontend are :mod:`clipper.container.presence`; ``--fetch-artifact`` (the model from
-the frontend instead of ``--model-path``) is :mod:`clipper.container.fetch`.
+Shared replicas (``--shared``, ``--frontend``): the container serves every frontend of a
+deployment. It follows the FRONTENDS lists the frontends send (dialling new addresses, dropping
+unlisted ones but never its last live link), reports its queue after each heartbeat, ignores
+``--parent-pid``, and exits once no frontend was heard from for ``--orphan-timeout-s``.
+
+Leaving: SIGTERM (or SIGINT, or a RETIRE message) drains. The container stops being ready,
+tells every frontend it leaves (a goodbye message, answered by an acknowledgement after which
+no batch comes), answers the batches it already holds, and exits; ``--drain-timeout`` bounds
+that. A second signal exits at once. Readiness (``--ready-file``, ``--ready-port``) and the log
+lines about an unreachable or refusing frontend are :mod:`clipper.container.presence`;
+``--fetch-artifact`` (the model from the frontend instead of ``--model-path``) is
+:mod:`clipper.container.fetch`.
 
 Authentication: a frontend with RPC authentication on (the default) accepts only containers that
 hold its deployment's CURVE keys: ``--rpc-keys DIR`` (or ``CLIPPER_RPC_KEYS``) names a directory
@@ -47,7 +55,6 @@ started with ``--no-rpc-auth`` accepts.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import os
@@ -67,16 +74,21 @@ import orjson
 import zmq
 
 from clipper.container.fetch import ArtifactUnavailable, default_cache_dir, fetch_artifact
-from clipper.container.presence import ConnectionWatch, Readiness, configure_reconnect
+from clipper.container.link import FrontendLink
+from clipper.container.options import build_parser, frontends_from
+from clipper.container.presence import Readiness
 from clipper.errors import ConfigError, WireError
 from clipper.inputs import InputType
-from clipper.rpc.auth import ClientKeys, apply_client_keys, load_client_keys
+from clipper.rpc.auth import ClientKeys, load_client_keys
 from clipper.rpc.outputs import non_finite, unservable
 from clipper.rpc.wire import (
+    MAX_FRONTENDS,
     Frame,
+    Frontends,
     HeartbeatReply,
     HeartbeatType,
     PredictRequest,
+    Retire,
     decode_frontend_message,
     encode_goodbye,
     encode_heartbeat,
@@ -85,6 +97,7 @@ from clipper.rpc.wire import (
     encode_predict_response_fast,
     encode_predict_response_partial,
     encode_predict_response_v3,
+    encode_queue_report,
     json_default,
 )
 
@@ -95,6 +108,8 @@ ERROR_KEY = "__clipper_error__"
 _log = logging.getLogger("clipper.container")
 # Upper bound on one poll, so a stop request or a dead parent is noticed quickly.
 _MAX_POLL_S = 0.1
+# At most this many frontends at once (the --ip/--port one and a full FRONTENDS list).
+_MAX_LINKS = MAX_FRONTENDS + 1
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -178,7 +193,7 @@ class _Server:
         name: str,
         version: str,
         input_type: InputType,
-        address: str,
+        addresses: Sequence[str],
         heartbeat_interval: float,
         activity_timeout: float,
         fast: bool,
@@ -190,22 +205,28 @@ class _Server:
         leave_event: threading.Event | None = None,
         drain_timeout: float = 10.0,
         readiness: Readiness | None = None,
+        shared: bool = False,
+        orphan_timeout: float = 60.0,
     ) -> None:
         self.token = token
         # Set on SIGTERM: drain and exit (stop_event: exit at once).
         self.leave = leave_event or threading.Event()
         self.drain_timeout = drain_timeout
         self.readiness = readiness or Readiness()
-        self.watch: ConnectionWatch | None = None
-        # Batches of this session received and not yet answered (main thread only).
-        self.pending = 0
+        # One link per frontend address (main thread only), dialled in run().
+        self.addresses = list(dict.fromkeys(addresses))
+        self.links: dict[str, FrontendLink] = {}
+        self.ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self.poller: zmq.Poller | None = None
+        self.shared = shared
+        self.orphan_timeout = orphan_timeout
+        self.heard_at = 0.0  # when any frontend was last heard from, on any link
         self.leaving = False
-        self.acked = False
+        self.leave_by = 0.0
         self.keys = keys
         self.model = model
         self.predict = _predict_fn(model)
         self.name, self.version, self.input_type = name, version, input_type
-        self.address = address
         self.heartbeat_interval = heartbeat_interval
         self.activity_timeout = activity_timeout
         self.fast = fast
@@ -215,11 +236,12 @@ class _Server:
         self.stop = stop_event
         self.log = log
         self.repeats = RepeatedErrors(log)
-        # Bumped on every reconnect: results of an older session are dropped, since the
-        # frontend would not know the new identity's outstanding batches anyway.
-        self.session = 0
-        self.jobs: queue.SimpleQueue[tuple[int, PredictRequest] | None] = queue.SimpleQueue()
-        self.done: queue.SimpleQueue[tuple[int, list[bytes]]] = queue.SimpleQueue()
+        # One FIFO for every link: batches run in arrival order across frontends; each is
+        # tagged with its link and that link's session, so its answer goes back on it.
+        self.jobs: queue.SimpleQueue[tuple[FrontendLink, int, PredictRequest] | None] = (
+            queue.SimpleQueue()
+        )
+        self.done: queue.SimpleQueue[tuple[FrontendLink, int, list[bytes]]] = queue.SimpleQueue()
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
@@ -231,11 +253,11 @@ class _Server:
             job = self.jobs.get()
             if job is None or self.stop.is_set():
                 return
-            session, req = job
-            if session != self.session:
-                continue  # its connection is gone
+            link, session, req = job
+            if session != link.session:
+                continue  # its connection is gone (reconnected, or dropped)
             frames = self.execute(req)
-            self.done.put((session, frames))
+            self.done.put((link, session, frames))
             try:
                 self.wake_w.send(b"\0")
             except BlockingIOError:
@@ -323,142 +345,189 @@ class _Server:
     def run(self) -> None:
         worker = threading.Thread(target=self.work, name="clipper-predict", daemon=True)
         worker.start()
-        ctx = zmq.Context()
-        sock = self.connect(ctx)
+        self.ctx = zmq.Context()
+        now = time.monotonic()
+        self.heard_at = now
+        for address in self.addresses:
+            self.add_link(address, now)
         try:
-            self.loop(ctx, sock)
+            self.loop()
         finally:
             self.readiness.set(False)
-            if self.watch is not None:
-                self.watch.close()
+            for link in self.links.values():
+                link.close()
             self.stop.set()
             self.jobs.put(None)
             self.wake_r.close()
             self.wake_w.close()  # a worker still inside predict() finds it closed and exits
-            ctx.destroy(linger=0)
+            self.ctx.destroy(linger=0)
 
-    def connect(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        configure_reconnect(sock)
-        if self.keys is not None:
-            apply_client_keys(sock, self.keys)
-        if self.watch is not None:
-            self.watch.close()
-        self.watch = ConnectionWatch(
-            sock, self.address, authenticated=self.keys is not None, log=self.log
+    def add_link(self, address: str, now: float) -> None:
+        link = FrontendLink(
+            address, keys=self.keys, heartbeat_interval=self.heartbeat_interval, log=self.log
         )
-        sock.connect(self.address)
-        sock.send_multipart(encode_heartbeat())  # ZeroMQ queues it until the frontend is up
-        self.log.info("connecting to %s", self.address)
-        return sock
+        assert self.ctx is not None
+        link.open(self.ctx, now)
+        self.links[address] = link
+        self.poller = None  # rebuilt with the new sockets
 
-    def loop(self, ctx: zmq.Context[zmq.Socket[bytes]], sock: zmq.Socket[bytes]) -> None:
-        now = time.monotonic()
-        last_rx = now
-        next_hb = now + self.heartbeat_interval
-        connected = False  # like rpc.py: periodic heartbeats only once the frontend answered
+    def drop_link(self, link: FrontendLink) -> None:
+        link.close()
+        self.links.pop(link.address, None)
+        self.poller = None
+        self.update_readiness()
+
+    def queued(self) -> int:
+        """Batches received on every link and not answered yet (the queue report)."""
+        return sum(link.pending for link in self.links.values())
+
+    def update_readiness(self) -> None:
+        # Ready while registered with at least one frontend (and not leaving).
+        self.readiness.set(
+            not self.leaving
+            and any(link.registered and not link.retiring_by for link in self.links.values())
+        )
+
+    def build_poller(self) -> zmq.Poller:
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        wake_fd = self.wake_r.fileno()  # zmq.Poller reports plain sockets by fd
-        poller.register(wake_fd, zmq.POLLIN)
-        assert self.watch is not None
-        poller.register(self.watch.monitor, zmq.POLLIN)
-        leave_by = 0.0
+        poller.register(self.wake_r.fileno(), zmq.POLLIN)  # zmq.Poller reports it by fd
+        for link in self.links.values():
+            assert link.sock is not None and link.watch is not None
+            poller.register(link.sock, zmq.POLLIN)
+            poller.register(link.watch.monitor, zmq.POLLIN)
+        return poller
+
+    def start_leaving(self, now: float) -> None:
+        self.leaving = True
+        self.leave_by = now + self.drain_timeout
+        self.update_readiness()
+        for link in self.links.values():
+            if link.connected and self.fast:
+                link.acked = False
+                link.send(encode_goodbye())
+                self.log.info("leaving: told %s; draining %d batches", link.address, link.pending)
+            else:
+                link.acked = True  # nothing to tell: not connected, or the original frontend
+
+    def loop(self) -> None:
+        wake_fd = self.wake_r.fileno()
         while not self.stop.is_set():
-            if self.parent_gone():
+            if not self.shared and self.parent_gone():
                 self.log.warning("parent process %s is gone; exiting", self.parent_pid)
                 return
             now = time.monotonic()
             if self.leave.is_set() and not self.leaving:
-                self.leaving = True
-                leave_by = now + self.drain_timeout
-                self.readiness.set(False)
-                if connected and self.fast:
-                    sock.send_multipart(encode_goodbye())
-                    self.log.info("leaving: told the frontend; draining %d batches", self.pending)
-                else:
-                    self.acked = True  # nothing to tell: not connected, or the original frontend
+                self.start_leaving(now)
             if self.leaving:
-                if self.acked and self.pending == 0:
+                if all(link.acked for link in self.links.values()) and self.queued() == 0:
                     self.log.info("drained; exiting")
                     break
-                if now >= leave_by:
+                if now >= self.leave_by:
                     self.log.warning(
                         "drain timeout (%.1f s): exiting with %d batches unanswered",
-                        self.drain_timeout, self.pending,
+                        self.drain_timeout, self.queued(),
                     )  # fmt: skip
                     break
-            wait = min(_MAX_POLL_S, last_rx + self.activity_timeout - now)
-            if connected:
-                wait = min(wait, next_hb - now)
-            events = dict(poller.poll(max(0, int(wait * 1000))))
-            if self.watch.monitor in events:
-                self.watch.drain()
-            if sock in events:
-                # Bounded, so a flood of requests cannot starve heartbeats and responses.
-                for _ in range(256):
-                    try:
-                        parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    last_rx = time.monotonic()
-                    if not connected:
-                        connected = True
-                        next_hb = last_rx + self.heartbeat_interval
-                    self.handle(sock, [p.buffer for p in parts])
-            if wake_fd in events:
-                self.flush(sock)
-            now = time.monotonic()
-            if connected and now >= next_hb:
-                sock.send_multipart(encode_heartbeat())
-                next_hb = now + self.heartbeat_interval
-            if now - last_rx >= self.activity_timeout:
+            elif self.shared and now - self.heard_at >= self.orphan_timeout:
                 self.log.warning(
-                    "no message from the frontend for %.1fs; reconnecting%s",
-                    now - last_rx,
-                    ""
-                    if connected
-                    else (
-                        " (never answered: are --rpc-keys those of this frontend?)"
-                        if self.keys is not None
-                        else " (never answered: a frontend with RPC authentication on needs "
-                        "--rpc-keys)"
-                    ),
-                )
-                poller.unregister(sock)
-                poller.unregister(self.watch.monitor)
-                sock.close(linger=0)
-                self.session += 1
-                self.pending = 0  # that session's batches are dropped
-                self.readiness.set(False)
-                sock = self.connect(ctx)
-                poller.register(sock, zmq.POLLIN)
-                poller.register(self.watch.monitor, zmq.POLLIN)
-                last_rx = now
-                connected = False
-                if self.leaving:
-                    break  # the frontend is gone: nobody waits for our answers
+                    "no frontend heard from on any link for %.1f s (--orphan-timeout-s); "
+                    "exiting", now - self.heard_at,
+                )  # fmt: skip
+                break
+            if self.poller is None:
+                self.poller = self.build_poller()
+            wait = _MAX_POLL_S
+            for link in self.links.values():
+                wait = min(wait, link.last_rx + self.activity_timeout - now)
+                if link.connected:
+                    wait = min(wait, link.next_hb - now)
+            events = dict(self.poller.poll(max(0, int(wait * 1000))))
+            for link in list(self.links.values()):
+                if link.closed:
+                    continue  # dropped by a message read on another link just now
+                assert link.watch is not None
+                if link.watch.monitor in events:
+                    link.watch.drain()
+                if link.sock in events:
+                    self.receive(link)
+            if wake_fd in events:
+                self.flush()
+            self.tick(time.monotonic())
         self.repeats.flush()
         self.log.info("stopping")
-        sock.close(linger=0)
 
-    def handle(self, sock: zmq.Socket[bytes], frames: list[Frame]) -> None:
+    def receive(self, link: FrontendLink) -> None:
+        # Bounded, so a flood of requests cannot starve heartbeats, responses or other links.
+        for _ in range(256):
+            sock = link.sock
+            if sock is None or link.closed:
+                return
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            now = time.monotonic()
+            link.heard(now)
+            self.heard_at = now
+            self.handle(link, [p.buffer for p in parts])
+
+    def tick(self, now: float) -> None:
+        """Each link's heartbeat (with the queue report) and its silence check."""
+        for link in list(self.links.values()):
+            if link.retiring_by and ((link.acked and link.pending == 0) or now >= link.retiring_by):
+                self.log.info(
+                    "link to %s closed (%d batches unanswered)", link.address, link.pending
+                )
+                self.drop_link(link)
+                continue
+            if link.connected and now >= link.next_hb:
+                link.send(encode_heartbeat())
+                if self.shared and link.ours:
+                    link.send(encode_queue_report(self.queued(), link.pending))
+                link.next_hb = now + self.heartbeat_interval
+            if now - link.last_rx < self.activity_timeout:
+                continue
+            self.log.warning(
+                "no message from the frontend at %s for %.1fs; reconnecting%s",
+                link.address,
+                now - link.last_rx,
+                ""
+                if link.connected
+                else (
+                    " (never answered: are --rpc-keys those of this frontend?)"
+                    if self.keys is not None
+                    else " (never answered: a frontend with RPC authentication on needs --rpc-keys)"
+                ),
+            )
+            if link.retiring_by:
+                self.drop_link(link)  # being left anyway
+                continue
+            assert self.ctx is not None
+            link.reconnect(self.ctx, now)
+            self.poller = None
+            self.update_readiness()
+            if self.leaving:
+                link.acked = True  # that frontend is gone: nobody waits for our answers
+
+    def handle(self, link: FrontendLink, frames: list[Frame]) -> None:
         try:
             msg = decode_frontend_message(frames)
         except WireError as e:
-            self.log.warning("dropping a malformed message: %s", e)
+            self.log.warning("dropping a malformed message from %s: %s", link.address, e)
             return
         if isinstance(msg, HeartbeatReply):
             if msg.type == HeartbeatType.GOODBYE_ACK:
-                self.acked = True
-            elif self.leaving:
+                link.acked = True
+                link.ours = True
+            elif self.leaving or link.retiring_by:
                 pass  # removed as it drained: it must not register again
             elif msg.type == HeartbeatType.KEEP_ALIVE:
-                self.readiness.set(True)  # known to the frontend: registered
+                link.registered = True  # known to the frontend: registered
+                self.update_readiness()
             elif msg.type == HeartbeatType.REQUEST_CONTAINER_METADATA:
-                self.readiness.set(False)
-                sock.send_multipart(
+                link.registered = False
+                self.update_readiness()
+                link.send(
                     encode_new_container(
                         self.name,
                         self.version,
@@ -467,14 +536,59 @@ class _Server:
                         token=self.token,
                     )
                 )
-                self.log.info("sent metadata (fast=%s)", self.fast)
+                self.log.info("sent metadata to %s (fast=%s)", link.address, self.fast)
+            return
+        if isinstance(msg, Frontends):
+            link.ours = True
+            self.set_frontends(link, msg.addresses)
+            return
+        if isinstance(msg, Retire):
+            link.ours = True
+            if not self.leave.is_set():
+                self.log.info("told to retire by %s: draining, then exiting", link.address)
+                self.leave.set()
             return
         if not isinstance(msg, PredictRequest):
             return  # an artifact chunk: for a fetch, never for the serving connection
-        self.pending += 1
-        self.jobs.put((self.session, msg))
+        if msg.fast_meta is not None:
+            link.ours = True
+        link.pending += 1
+        self.jobs.put((link, link.session, msg))
 
-    def flush(self, sock: zmq.Socket[bytes]) -> None:
+    def set_frontends(self, origin: FrontendLink, addresses: Sequence[str]) -> None:
+        """Dial every frontend listed that has no link yet; drop the links to frontends not
+        listed, but never the last live one (the list may come from a frontend that lost its
+        own lease, and a replica with no frontend serves nobody)."""
+        if not self.shared:
+            self.log.debug("not --shared: ignoring the frontends %s sent", origin.address)
+            return
+        if self.leaving:
+            return
+        wanted = set(addresses)
+        now = time.monotonic()
+        for address in addresses:
+            if address not in self.links and len(self.links) < _MAX_LINKS:
+                self.log.info("frontend %s listed by %s: linking", address, origin.address)
+                self.add_link(address, now)
+        for link in list(self.links.values()):
+            if link.address in wanted or link.retiring_by:
+                continue
+            others = [x for x in self.links.values() if x is not link and x.live]
+            if not others:
+                continue
+            if link.connected and self.fast:
+                # Told first, so it sends no new batch; dropped once those it sent are
+                # answered (or the drain timeout passes: a dead frontend never acknowledges).
+                self.log.info("frontend %s no longer listed: leaving its link", link.address)
+                link.acked = False
+                link.retiring_by = now + self.drain_timeout
+                link.send(encode_goodbye())
+                self.update_readiness()
+            else:
+                self.log.info("frontend %s no longer listed: dropping its link", link.address)
+                self.drop_link(link)
+
+    def flush(self) -> None:
         try:
             while self.wake_r.recv(4096):
                 pass
@@ -482,12 +596,12 @@ class _Server:
             pass
         while True:
             try:
-                session, frames = self.done.get_nowait()
+                link, session, frames = self.done.get_nowait()
             except queue.Empty:
                 return
-            if session == self.session:
-                self.pending -= 1
-                sock.send_multipart(frames, copy=False)
+            if session == link.session and not link.closed:
+                link.pending -= 1
+                link.send(frames)
 
     def parent_gone(self) -> bool:
         if self.parent_pid is None:
@@ -533,7 +647,7 @@ def serve(
     name: str,
     version: str,
     input_type: InputType,
-    address: str,
+    address: str | None,
     heartbeat_interval: float = 1.0,
     activity_timeout: float = 10.0,
     fast: bool = True,
@@ -544,12 +658,21 @@ def serve(
     leave_event: threading.Event | None = None,
     drain_timeout: float = 10.0,
     readiness: Readiness | None = None,
+    frontends: Sequence[str] = (),
+    shared: bool = False,
+    orphan_timeout: float = 60.0,
 ) -> None:
-    """Serve ``model`` to the frontend at ``address`` until ``stop_event`` is set (or the
-    parent process is gone), or drain and return once ``leave_event`` is set. Runs
-    ``model.setup()`` first when it exists. ``keys``: this deployment's CURVE keys
-    (:func:`clipper.rpc.auth.load_client_keys`), None for a frontend without RPC
-    authentication. ``readiness`` is set while the container is registered."""
+    """Serve ``model`` to the frontend at ``address`` and to each of ``frontends`` until
+    ``stop_event`` is set (or the parent process is gone), or drain and return once
+    ``leave_event`` is set (or a frontend sends RETIRE). Runs ``model.setup()`` first when it
+    exists. ``keys``: this deployment's CURVE keys (:func:`clipper.rpc.auth.load_client_keys`),
+    None for a frontend without RPC authentication. ``readiness`` is set while the container
+    is registered with at least one frontend. ``shared``: follow the frontends' FRONTENDS
+    lists, report the queue, ignore ``parent_pid`` and return once no frontend was heard from
+    for ``orphan_timeout`` seconds."""
+    addresses = ([address] if address is not None else []) + list(frontends)
+    if not addresses:
+        raise ValueError("serve() needs a frontend address")
     log = _Prefixed(_log, {"prefix": f"[{name}:{version} pid={os.getpid()}]"})
     setup = getattr(model, "setup", None)
     if callable(setup):
@@ -568,11 +691,11 @@ def serve(
         name=name,
         version=version,
         input_type=input_type,
-        address=address,
+        addresses=addresses,
         heartbeat_interval=heartbeat_interval,
         activity_timeout=activity_timeout,
         fast=fast,
-        parent_pid=parent_pid,
+        parent_pid=None if shared else parent_pid,
         stop_event=stop_event or threading.Event(),
         log=log,
         token=token,
@@ -580,6 +703,8 @@ def serve(
         leave_event=leave_event,
         drain_timeout=drain_timeout,
         readiness=readiness,
+        shared=shared,
+        orphan_timeout=orphan_timeout,
     ).run()
 
 
@@ -661,127 +786,17 @@ class _Prefixed(logging.LoggerAdapter[logging.Logger]):
         return f"{prefix} {msg}", kwargs
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name, default)
-
-
-def _flag(name: str) -> bool:
-    return (_env(name, "") or "").lower() in ("1", "true", "yes")
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m clipper.container",
-        description="Serve a cloudpickled model to a clipper-serve (or Clipper) frontend.",
-    )
-    name = _env("CLIPPER_MODEL_NAME")
-    p.add_argument(
-        "--model-path",
-        default=_env("CLIPPER_MODEL_PATH"),
-        help="cloudpickle file, or a directory holding func.pkl; or --fetch-artifact "
-        "[CLIPPER_MODEL_PATH]",
-    )
-    p.add_argument(
-        "--fetch-artifact",
-        action="store_true",
-        default=_flag("CLIPPER_FETCH_ARTIFACT"),
-        help="fetch the model version's artifact from the frontend (checksummed, cached in "
-        "--cache-dir) instead of reading --model-path [CLIPPER_FETCH_ARTIFACT]",
-    )
-    p.add_argument(
-        "--cache-dir",
-        default=_env("CLIPPER_CACHE_DIR"),
-        help="where fetched artifacts are kept, by checksum (default: "
-        "~/.cache/clipper-serve/artifacts) [CLIPPER_CACHE_DIR]",
-    )
-    p.add_argument(
-        "--ready-file",
-        default=_env("CLIPPER_READY_FILE"),
-        help="exists while the model is loaded and the container registered with the "
-        "frontend (a readiness probe: test -f) [CLIPPER_READY_FILE]",
-    )
-    p.add_argument(
-        "--ready-port",
-        type=int,
-        default=int(_env("CLIPPER_READY_PORT", "0") or 0) or None,
-        help="serve GET /ready (200 or 503) and GET /live on this port [CLIPPER_READY_PORT]",
-    )
-    p.add_argument(
-        "--ready-host",
-        default=_env("CLIPPER_READY_HOST", "0.0.0.0"),
-        help="address of --ready-port (default 0.0.0.0) [CLIPPER_READY_HOST]",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=float(_env("CLIPPER_DRAIN_TIMEOUT", "10") or 10),
-        help="on SIGTERM, answer the batches held for at most this many seconds, then exit "
-        "[CLIPPER_DRAIN_TIMEOUT]",
-    )
-    p.add_argument("--name", default=name, required=name is None, help="[CLIPPER_MODEL_NAME]")
-    p.add_argument(
-        "--version", default=_env("CLIPPER_MODEL_VERSION", "1"), help="[CLIPPER_MODEL_VERSION]"
-    )
-    p.add_argument(
-        "--input-type",
-        default=_env("CLIPPER_INPUT_TYPE", "doubles"),
-        help="bytes, integers, floats, doubles, strings or json [CLIPPER_INPUT_TYPE]",
-    )
-    p.add_argument("--ip", default=_env("CLIPPER_IP", "127.0.0.1"), help="[CLIPPER_IP]")
-    p.add_argument(
-        "--port", type=int, default=int(_env("CLIPPER_PORT", "7000") or 7000), help="[CLIPPER_PORT]"
-    )
-    p.add_argument(
-        "--heartbeat-interval",
-        type=float,
-        default=float(_env("CLIPPER_HEARTBEAT_INTERVAL", "1.0") or 1.0),
-        help="seconds between heartbeats [CLIPPER_HEARTBEAT_INTERVAL]",
-    )
-    p.add_argument(
-        "--activity-timeout",
-        type=float,
-        default=float(_env("CLIPPER_ACTIVITY_TIMEOUT", "10") or 10),
-        help="reconnect after this many seconds without a message [CLIPPER_ACTIVITY_TIMEOUT]",
-    )
-    p.add_argument(
-        "--v3-only",
-        action="store_true",
-        default=_flag("CLIPPER_V3_ONLY"),
-        help="do not advertise the FAST framing [CLIPPER_V3_ONLY]",
-    )
-    parent = _env("CLIPPER_PARENT_PID")
-    p.add_argument(
-        "--parent-pid",
-        type=int,
-        default=int(parent) if parent else None,
-        help="exit when this process is gone [CLIPPER_PARENT_PID]",
-    )
-    p.add_argument(
-        "--replica-token",
-        default=_env("CLIPPER_REPLICA_TOKEN", "") or "",
-        help="opaque slot token sent with the metadata (set by the local manager) "
-        "[CLIPPER_REPLICA_TOKEN]",
-    )
-    p.add_argument(
-        "--rpc-keys",
-        default=_env("CLIPPER_RPC_KEYS"),
-        help="directory with the frontend's server.key and client.key_secret (its "
-        "<state dir>/rpc-keys); needed unless the frontend runs --no-rpc-auth [CLIPPER_RPC_KEYS]",
-    )
-    p.add_argument(
-        "--nice",
-        type=int,
-        default=int(_env("CLIPPER_NICE", "0") or 0),
-        help="lower this process's CPU priority by this much [CLIPPER_NICE]",
-    )
-    return p
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if (args.model_path is None) == (not args.fetch_artifact):
         parser.error("give exactly one of --model-path and --fetch-artifact")
+    for frontend in frontends_from(args.frontend):
+        host, _, port = frontend.removeprefix("tcp://").rpartition(":")
+        if not frontend.startswith("tcp://") or not host or not port.isdigit():
+            parser.error(f"--frontend {frontend!r}: expected tcp://HOST:PORT")
+    if args.orphan_timeout_s <= 0:
+        parser.error("--orphan-timeout-s must be positive")
     if args.nice > 0:
         os.nice(args.nice)
     try:
@@ -812,7 +827,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    address = f"tcp://{args.ip}:{args.port}"
+    frontends = frontends_from(args.frontend)
+    # --ip/--port is dialled when given, or when it is the only frontend (the classic case).
+    address: str | None = None
+    if args.port is not None or not frontends:
+        address = f"tcp://{args.ip}:{args.port if args.port is not None else 7000}"
     readiness: Readiness | None = None
     try:
         readiness = Readiness(
@@ -824,7 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _log, {"prefix": f"[{args.name}:{args.version} pid={os.getpid()}]"}
             )
             model_path = fetch_artifact(
-                address=address,
+                address=address if address is not None else frontends[0],
                 keys=keys,
                 name=args.name,
                 version=args.version,
@@ -849,6 +868,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             leave_event=leave,
             drain_timeout=args.drain_timeout,
             readiness=readiness,
+            frontends=frontends,
+            shared=args.shared,
+            orphan_timeout=args.orphan_timeout_s,
         )
     except ArtifactUnavailable:
         return 0  # told to leave while fetching

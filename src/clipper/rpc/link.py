@@ -20,10 +20,21 @@ class Connection(Generic[P]):
 
     ``replica_id`` numbers the connections of one model version (for logs and metrics);
     ``token`` is the replica token a managed container presents ("" for one started by hand);
-    ``peer`` is the serving side's record of this connection, set by whoever registers it.
+    ``peer`` is the serving side's record of this connection, set by whoever registers it;
+    ``queued_elsewhere`` is, from the container's latest queue report, the batches other
+    frontends have queued on it (0 until a shared replica reports).
     """
 
-    __slots__ = ("fast", "identity", "last_seen", "peer", "replica_id", "timeout", "token")
+    __slots__ = (
+        "fast",
+        "identity",
+        "last_seen",
+        "peer",
+        "queued_elsewhere",
+        "replica_id",
+        "timeout",
+        "token",
+    )
 
     def __init__(
         self,
@@ -42,3 +53,4 @@ class Connection(Generic[P]):
         self.last_seen = last_seen
         self.token = token
         self.peer: P | None = None
+        self.queued_elsewhere = 0

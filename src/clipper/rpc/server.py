@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar, cast
 
@@ -134,6 +134,8 @@ class RpcServer(Generic[P]):
         # Replicas that said goodbye: removed once their last batch is answered.
         self._leaving: set[bytes] = set()
         self._artifacts = artifacts
+        # Every live frontend's RPC address (set_frontends): sent to each fast replica.
+        self._frontends: tuple[str, ...] | None = None
 
     @property
     def address(self) -> str:
@@ -192,6 +194,40 @@ class RpcServer(Generic[P]):
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+
+    # shared replicas
+    def set_frontends(self, addresses: Sequence[str]) -> None:
+        """Remember every live frontend's RPC address and send the list (FRONTENDS) to each
+        registered fast replica now, and to each one that registers later: a shared replica
+        dials every frontend listed. v3 replicas are never sent it. Raises
+        :class:`~clipper.errors.WireError` (and keeps the previous list) for more than
+        :data:`~clipper.rpc.wire.MAX_FRONTENDS` addresses or one longer than
+        :data:`~clipper.rpc.wire.MAX_ADDRESS_BYTES`: no replica would take it."""
+        frames = wire.encode_frontends(addresses)  # refuses a list no replica would take
+        self._frontends = tuple(addresses)
+        if self._sock is None:
+            return
+        for replica in list(self._replicas.values()):
+            if replica.fast:
+                self.send_to(replica.identity, frames)
+
+    @property
+    def frontends(self) -> tuple[str, ...] | None:
+        """The list last given to :meth:`set_frontends` (None: never given)."""
+        return self._frontends
+
+    def retire(self, token: str) -> bool:
+        """Send RETIRE to the registered fast replica that presented ``token`` (its
+        ``--replica-token``): it drains every frontend's batches and exits 0. False when no
+        such replica is connected here."""
+        if not token or self._sock is None:
+            return False
+        for replica in self._replicas.values():
+            if replica.token == token and replica.fast:
+                self.send_to(replica.identity, wire.encode_retire())
+                log.info("replica %s (token %s) told to retire", replica.replica_id, token)
+                return True
+        return False
 
     # outbound
     def send_batch(self, link: Connection[P], itype: InputType, payloads: list[bytes]) -> int:
@@ -305,6 +341,11 @@ class RpcServer(Generic[P]):
                 else wire.HeartbeatType.REQUEST_CONTAINER_METADATA
             )
             self._send([identity, *wire.encode_heartbeat_reply(hb)])
+        elif isinstance(msg, wire.QueueReport):
+            if replica is not None:
+                # Kept per connection; admission prices it (a batch another frontend queued on
+                # this replica runs before ours).
+                replica.queued_elsewhere = msg.elsewhere
         elif isinstance(msg, wire.Goodbye):
             self._goodbye(identity, replica)
         elif isinstance(msg, wire.ArtifactRequest):
@@ -330,6 +371,8 @@ class RpcServer(Generic[P]):
             new = self._registrar(msg, identity)
             if new is not None:
                 self._replicas[identity] = new
+                if new.fast and self._frontends is not None:
+                    self.send_to(identity, wire.encode_frontends(self._frontends))
                 log.info(
                     "replica %s of %s:%s connected (%s framing)",
                     new.replica_id,

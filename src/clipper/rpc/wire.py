@@ -18,6 +18,12 @@ Frontend -> container::
     artifact chunk    [b"", u32 3, u32 18, meta, data] (ours): meta = JSON {"sha256", "size",
                       "kind": "file" | "tar", "offset"} and data = up to the asked bytes from
                       ``offset``, or meta = {"error": text} and an empty data frame.
+    FRONTENDS         [b"", u32 3, u32 19, addr_0, ..., addr_{n-1}] (ours): every live
+                      frontend's RPC address (UTF-8 ``tcp://host:port``, at most
+                      MAX_FRONTENDS of them, each at most MAX_ADDRESS_BYTES): a shared replica
+                      dials each one it has no link to and drops links to the others.
+    RETIRE            [b"", u32 3, u32 20] (ours): say goodbye on every link, answer the
+                      batches held, and exit 0.
 
 Container -> frontend::
 
@@ -33,6 +39,10 @@ Container -> frontend::
                       JSON; clipper.rpc.outputs), each its input's model error.
     goodbye           [b"", u32 17] (ours): the container is leaving (SIGTERM); send it no more
                       batches. Answered with a goodbye ack.
+    queue report      [b"", u32 21, u32 queued, u32 mine] (ours): the batches this container
+                      has received from every frontend and not answered yet, and how many of
+                      them came on this link; sent after each heartbeat, only on a link whose
+                      frontend has shown it speaks our extensions.
     artifact request  [b"", u32 18, name, version, u64 offset, u32 max_bytes] (ours): a part of
                       the model version's artifact (max_bytes 0: only its meta). Needs no
                       registration: a CURVE-authenticated connection is enough.
@@ -63,10 +73,13 @@ from clipper.rpc.outputs import OutputRefused
 __all__ = [
     "ARTIFACT_CHUNK_MAX",
     "FAST_TOKEN",
+    "MAX_ADDRESS_BYTES",
+    "MAX_FRONTENDS",
     "RPC_VERSION",
     "ArtifactChunk",
     "ArtifactRequest",
     "Frame",
+    "Frontends",
     "Goodbye",
     "Heartbeat",
     "HeartbeatReply",
@@ -75,12 +88,15 @@ __all__ = [
     "NewContainer",
     "PredictRequest",
     "PredictResponse",
+    "QueueReport",
     "RequestType",
+    "Retire",
     "decode_container_message",
     "decode_frontend_message",
     "embed_output",
     "encode_artifact_chunk",
     "encode_artifact_request",
+    "encode_frontends",
     "encode_goodbye",
     "encode_heartbeat",
     "encode_heartbeat_reply",
@@ -91,6 +107,8 @@ __all__ = [
     "encode_predict_response_partial",
     "encode_predict_response_v3",
     "encode_predict_v3",
+    "encode_queue_report",
+    "encode_retire",
     "encode_update_fast",
     "json_default",
 ]
@@ -110,6 +128,9 @@ class MessageType(enum.IntEnum):
     FAST_CONTENT = 16  # ours: a FAST response
     GOODBYE = 17  # ours: the container is leaving
     ARTIFACT = 18  # ours: an artifact request (container) or chunk (frontend)
+    FRONTENDS = 19  # ours: frontend -> container, every live frontend's address
+    RETIRE = 20  # ours: frontend -> container, drain every link and exit
+    QUEUE_REPORT = 21  # ours: container -> frontend, its batches not answered yet
 
 
 class HeartbeatType(enum.IntEnum):
@@ -137,6 +158,9 @@ _P_HEARTBEAT = _U32.pack(MessageType.HEARTBEAT)
 _P_FAST_CONTENT = _U32.pack(MessageType.FAST_CONTENT)
 _P_GOODBYE = _U32.pack(MessageType.GOODBYE)
 _P_ARTIFACT = _U32.pack(MessageType.ARTIFACT)
+_P_FRONTENDS = _U32.pack(MessageType.FRONTENDS)
+_P_QUEUE_REPORT = _U32.pack(MessageType.QUEUE_REPORT)
+_P_RETIRE = _U32.pack(MessageType.RETIRE)
 _P_PREDICT = _U32.pack(RequestType.PREDICT)
 _P_FAST_PREDICT = _U32.pack(RequestType.FAST_PREDICT)
 _P_STATUS_OK = _U32.pack(0)
@@ -146,6 +170,9 @@ _P_STATUS_PARTIAL = _U32.pack(2)
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 # The most an artifact request may ask for in one chunk.
 ARTIFACT_CHUNK_MAX = 4 * 2**20
+# Bounds on a FRONTENDS message, so a bad one cannot make a replica open links without limit.
+MAX_FRONTENDS = 64
+MAX_ADDRESS_BYTES = 256
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,6 +199,32 @@ class NewContainer:
 @dataclass(frozen=True, slots=True)
 class Goodbye:
     """Container -> frontend: it is leaving; send it no more batches."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueReport:
+    """Container -> frontend: its batches received from every frontend and not answered yet
+    (``queued``), ``mine`` of them from the frontend this report goes to."""
+
+    queued: int
+    mine: int
+
+    @property
+    def elsewhere(self) -> int:
+        """The batches other frontends have queued on it."""
+        return max(self.queued - self.mine, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Frontends:
+    """Frontend -> container: every live frontend's RPC address."""
+
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Retire:
+    """Frontend -> container: drain every link and exit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,9 +380,43 @@ def encode_artifact_chunk(meta: dict[str, Any], data: bytes) -> list[bytes]:
     return [_EMPTY, _P_VERSION, _P_ARTIFACT, orjson.dumps(meta), data]
 
 
+def encode_frontends(addresses: Sequence[str]) -> list[bytes]:
+    """FRONTENDS (fast containers only); raises :class:`WireError` past the bounds the
+    decoder enforces, so a frontend never sends what every replica would drop."""
+    encoded = [a.encode() for a in addresses]
+    _check_frontends(encoded)
+    return [_EMPTY, _P_VERSION, _P_FRONTENDS, *encoded]
+
+
+def encode_retire() -> list[bytes]:
+    return [_EMPTY, _P_VERSION, _P_RETIRE]
+
+
+def _check_frontends(addresses: Sequence[Frame]) -> None:
+    if len(addresses) > MAX_FRONTENDS:
+        raise WireError(f"frontends: at most {MAX_FRONTENDS} addresses, got {len(addresses)}")
+    for i, a in enumerate(addresses):
+        if not 0 < len(a) <= MAX_ADDRESS_BYTES:
+            raise WireError(
+                f"frame {3 + i} (frontend address): expected 1 to {MAX_ADDRESS_BYTES} bytes, "
+                f"got {len(a)}"
+            )
+
+
+def _decode_frontends(frames: Sequence[Frame]) -> Frontends:
+    _check_frontends(frames[3:])
+    addresses = tuple(_utf8(frames, i, "frontend address") for i in range(3, len(frames)))
+    for i, a in enumerate(addresses):
+        if not a.startswith("tcp://") or ":" not in a[6:]:
+            raise WireError(
+                f"frame {3 + i} (frontend address): expected tcp://host:port, got {a!r}"
+            )
+    return Frontends(addresses)
+
+
 def decode_frontend_message(
     frames: Sequence[Frame],
-) -> HeartbeatReply | PredictRequest | ArtifactChunk:
+) -> HeartbeatReply | PredictRequest | ArtifactChunk | Frontends | Retire:
     """Decode a frontend -> container message (the DEALER receives no identity frame)."""
     _need(frames, 3, "delimiter, RPC version, message type")
     _delimiter(frames)
@@ -349,6 +436,12 @@ def decode_frontend_message(
         if not isinstance(meta, dict):
             raise WireError("frame 3 (artifact meta): expected a JSON object")
         return ArtifactChunk(meta, frames[4])
+    if mtype == MessageType.FRONTENDS:
+        return _decode_frontends(frames)
+    if mtype == MessageType.RETIRE:
+        if len(frames) != 3:
+            raise WireError(f"retire: expected 3 frames, got {len(frames)}")
+        return Retire()
     if mtype != MessageType.CONTAINER_CONTENT:
         raise WireError(
             f"frame 2 (message type): expected {int(MessageType.HEARTBEAT)} (heartbeat) or "
@@ -472,6 +565,10 @@ def encode_goodbye() -> list[bytes]:
     return [_EMPTY, _P_GOODBYE]
 
 
+def encode_queue_report(queued: int, mine: int) -> list[bytes]:
+    return [_EMPTY, _P_QUEUE_REPORT, _U32.pack(queued), _U32.pack(mine)]
+
+
 def encode_artifact_request(name: str, version: str, offset: int, max_bytes: int) -> list[bytes]:
     return [
         _EMPTY,
@@ -561,7 +658,7 @@ def encode_predict_error_fast(msg_id: bytes, message: str) -> list[bytes]:
 
 def decode_container_message(
     frames: Sequence[Frame],
-) -> Heartbeat | NewContainer | PredictResponse | Goodbye | ArtifactRequest:
+) -> Heartbeat | NewContainer | PredictResponse | Goodbye | ArtifactRequest | QueueReport:
     """Decode a container -> frontend message (identity frame already stripped)."""
     _need(frames, 2, "delimiter, message type")
     _delimiter(frames)
@@ -587,7 +684,14 @@ def decode_container_message(
             _u64(frames, 4, "offset"),
             max_bytes,
         )
-    raise WireError(f"frame 1 (message type): expected 0, 1, 2, 16, 17 or 18, got {mtype}")
+    if mtype == MessageType.QUEUE_REPORT:
+        if len(frames) != 4:
+            raise WireError(f"queue report: expected 4 frames, got {len(frames)}")
+        queued, mine = _u32(frames, 2, "queued"), _u32(frames, 3, "mine")
+        if mine > queued:
+            raise WireError(f"frame 3 (mine): {mine} is more than the {queued} queued")
+        return QueueReport(queued, mine)
+    raise WireError(f"frame 1 (message type): expected 0, 1, 2, 16, 17, 18 or 21, got {mtype}")
 
 
 def _decode_new_container(frames: Sequence[Frame]) -> NewContainer:
