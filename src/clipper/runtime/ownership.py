@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from clipper.clock import Clock, sleep
+from clipper.errors import ClipperError
 from clipper.store.base import Store, StoreError
 
 __all__ = ["FRONTENDS", "LEASE", "FrontendFeed", "Ownership"]
@@ -227,7 +228,10 @@ class Ownership:
         setter = getattr(self._feed, "set_frontends", None)
         if setter is None:
             return  # the RPC endpoint does not speak FRONTENDS: replicas dial what they were given
-        setter(list(self._frontends))
+        try:
+            setter(list(self._frontends))
+        except ClipperError as exc:  # a list no replica would take: the previous one stays
+            log.warning("the live frontends were not sent to the replicas: %s", exc)
         self._fed = list(self._frontends)
 
     def _set_owner(self, owner: bool) -> None:
