@@ -145,7 +145,8 @@ def add_config_options(parser: argparse.ArgumentParser, config: type[Any]) -> No
         if default is not None and not isinstance(default, bool):
             text = f"{text} (default: {default})"
         hint = hints[f.name]
-        if hint is bool:
+        if hint is bool or hint == bool | None:
+            # bool | None: --flag / --no-flag, or neither (None: the frontend decides).
             parser.add_argument(
                 _flag(f.name), action=argparse.BooleanOptionalAction, default=default,
                 required=required, help=text,

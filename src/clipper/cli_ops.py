@@ -270,6 +270,11 @@ def _status(client: Client, args: argparse.Namespace) -> int:
     for title, rows, cols in sections:
         print(title)
         print(table(rows, cols) if rows else "  (none)")
+    owner = status.get("replica_owner")
+    if owner and owner.get("shared_replicas"):
+        here = " (this frontend)" if owner.get("is_owner") else ""
+        print(f"replica owner: {owner.get('owner') or 'none'}{here}")
+        print(f"frontends sharing the replicas: {', '.join(owner.get('frontends') or [])}")
     if unready:
         print("not ready:")
         for _, why in unready:

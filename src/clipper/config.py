@@ -252,6 +252,23 @@ class FrontendConfig:
         default=None,
         metadata=cli("this frontend's id in a shared store (default: kept in the state dir)"),
     )
+    # Shared replicas (docs/scale-out.md): a model version's replicas serve every frontend of
+    # the deployment and one frontend, the holder of the owner lease, runs them. None: on for a
+    # shared store (redis) and for several worker processes, off otherwise (a frontend's
+    # replicas are its children and die with it).
+    share_replicas: bool | None = field(
+        default=None,
+        metadata=cli(
+            "replicas serve every frontend; one frontend (the owner lease's holder) runs them "
+            "(default: on for a redis store or --workers > 1)"
+        ),
+    )
+    # How long the owner's lease lasts unrenewed (renewed every third of it): how soon another
+    # frontend takes over the replicas of an owner that died, against how long a stalled or
+    # cut-off owner may stay owner.
+    owner_lease_ttl_s: float = field(
+        default=5.0, metadata=cli("seconds the replica owner's lease lasts unrenewed")
+    )
     python: str | None = field(
         default=None, metadata=cli("interpreter that runs model containers (default: ours)")
     )
@@ -375,5 +392,19 @@ class FrontendConfig:
         GRPC_TRANSPORTS.check(self.grpc_transport)
         if self.queue_capacity < 1:
             raise ConfigError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
+        if not self.owner_lease_ttl_s > 0:
+            raise ConfigError(
+                f"owner_lease_ttl_s must be > 0 seconds, got {self.owner_lease_ttl_s}"
+            )
         if self.replica_timeout_s <= self.heartbeat_interval_s:
             raise ConfigError("replica_timeout_s must be longer than heartbeat_interval_s")
+
+    @property
+    def replicas_shared(self) -> bool:
+        """Whether replicas are shared by the frontends: ``share_replicas``, else on for a
+        redis store and for several worker processes."""
+        if self.share_replicas is not None:
+            return self.share_replicas
+        workers = getattr(self, "workers", 1)  # --workers, where this version has it
+        shared_store = self.store.lower().startswith(("redis://", "rediss://"))
+        return shared_store or (isinstance(workers, int) and workers > 1)

@@ -23,7 +23,7 @@ import gc
 import logging
 import signal
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +39,12 @@ from clipper.frontend.http import HttpLimits, HttpServer
 from clipper.frontend.parse_pool import ParsePool
 from clipper.frontend.routes import AdminRoutes, QueryRoutes
 from clipper.inputs import InputType
-from clipper.managers.base import ContainerManager, ManagerContext, open_manager
+from clipper.managers.base import (
+    ContainerManager,
+    ManagerContext,
+    SharedReplicas,
+    open_manager,
+)
 from clipper.metrics import Metrics
 from clipper.metrics_window import MetricsWindow
 from clipper.persistence import StoreSync
@@ -57,6 +62,7 @@ from clipper.runtime.catalog import Catalog, SchedulerTable
 from clipper.runtime.control import Control
 from clipper.runtime.node import NodeIdentity
 from clipper.runtime.operations import Operations, parse_input_type
+from clipper.runtime.ownership import Ownership
 from clipper.runtime.ports import binding
 from clipper.runtime.reconciler import Reconciler
 from clipper.runtime.replicas import ReplicaDirectory
@@ -158,6 +164,28 @@ class Clipper:
             on_refused=lambda reason: self.metrics.rpc_refused.labels(reason=reason).inc(),
             max_output_bytes=config.max_output_bytes,
         )
+        # Who runs the replicas: with sharing on, the one frontend holding the owner lease.
+        self.ownership = Ownership(
+            self.store,
+            node_id=self.node,
+            address=self._rpc_address,
+            clock=self.clock,
+            shared=config.replicas_shared,
+            ttl_s=config.owner_lease_ttl_s,
+            feed=self.rpc,
+        )
+        shared = None
+        if config.replicas_shared:
+            ownership = self.ownership
+            shared = SharedReplicas(
+                store=self.store,
+                frontends=lambda: ownership.frontends,
+                connected=self.directory.connected,
+                retire=self._retire,
+                # Two replica timeouts: a replica that was connected to the previous owner
+                # has dialled this frontend well within it.
+                grace_s=2 * config.replica_timeout_s,
+            )
         self.manager: ContainerManager = open_manager(
             config.manager,
             ManagerContext(
@@ -173,6 +201,7 @@ class Clipper:
                 log_max_bytes=config.replica_log_bytes,
                 rpc_keys=rpc_keys,
                 node_id=self.node,
+                shared=shared,
             ),
         )
         self.reconciler = Reconciler(
@@ -185,6 +214,7 @@ class Clipper:
             on_app_deleted=self._forget_app,
             on_version_deleted=self._forget_version,
             forget_after_s=config.deleted_logs_grace_s,
+            acting=not config.replicas_shared,  # until the owner lease says so
         )
         self.control = Control(
             self.registry,
@@ -234,6 +264,7 @@ class Clipper:
             window=self.metrics_window,
             traffic=self.traffic,
             autoscaler=self.autoscaler,
+            owner=self.ownership.describe,
         )
         self.dashboard: Dashboard | None = None
         if config.dashboard_sample_s > 0:
@@ -302,8 +333,12 @@ class Clipper:
             await self.sync.start()
             stack.push_async_callback(self.sync.stop)
             await self.control.recover()
-            stack.push_async_callback(self.manager.stop_all)
+            # Undone after the reconciler stops: the owner's last act is the replicas' fate.
+            stack.push_async_callback(self._stop_replicas)
             stack.push_async_callback(self.reconciler.stop)
+            await self.ownership.start()
+            self.reconciler.set_owner(self.ownership.is_owner)
+            self.ownership.subscribe(self.reconciler.set_owner)
             self.reconciler.resume()
             self.autoscaler.start()
             stack.push_async_callback(self.autoscaler.stop)
@@ -698,6 +733,36 @@ class Clipper:
     def _forget_version(self, name: str, version: str) -> None:
         self.processor.forget_version(name, version)
         self.artifacts.forget(name, version)
+
+    async def _stop_replicas(self) -> None:
+        """Unshared, this frontend's replicas stop with it. Shared: a frontend that does not
+        own them leaves them alone; the owner hands them (and its lease) to the frontends that
+        remain, and only the last one stops them."""
+        own = self.ownership
+        if not own.shared:
+            await self.manager.stop_all()
+            return
+        await own.stop()
+        await own.withdraw()
+        detach: Callable[[], None] | None = getattr(self.manager, "detach", None)
+        if own.is_owner and not await own.others():
+            log.info("the last frontend of the deployment: stopping the shared replicas")
+            await self.manager.stop_all()
+        elif own.is_owner:
+            log.info("leaving the shared replicas and the owner lease to the other frontends")
+            if detach is not None:
+                detach()
+        await own.release()
+
+    def _retire(self, token: str) -> bool:
+        """RETIRE to the replica with ``token`` (a shared one, stopped by the owner), where
+        the RPC endpoint speaks it."""
+        retire: Callable[[str], bool] | None = getattr(self.rpc, "retire", None)
+        return bool(retire(token)) if retire is not None else False
+
+    def _rpc_address(self) -> str:
+        """What replicas dial to reach this frontend (announced to the other frontends)."""
+        return f"tcp://{self._advertised_host()}:{self.rpc.port}"
 
     def _advertised_host(self) -> str:
         """The address containers dial: --advertise-host, else the RPC bind address."""

@@ -19,6 +19,7 @@ from clipper.clock import FakeClock
 from clipper.persistence import StoreSync
 from clipper.registry import Registry
 from clipper.store import Put, StoreError, StoreEvent, open_store
+from tests.integration.helpers import wait_for
 from tests.integration.redis_server import REDIS_SERVER, free_port, start_redis, stop_redis
 
 pytestmark = [
@@ -367,3 +368,59 @@ async def test_a_frontend_counts_states_another_one_stored(stores: Callable[...,
     fields = await client.hkeys(mine._hash("state"))
     assert len(fields) == 25 + 1  # the bound, and the shared state
     assert "a:new" in fields and "a:" in fields
+
+
+async def test_one_lease_holder_among_stores_by_the_servers_clock(
+    stores: Callable[..., Any],
+) -> None:
+    a: RedisStore = await stores()
+    b: RedisStore = await stores()
+    leases = await asyncio.gather(a.claim("owner", "a", 30.0), b.claim("owner", "b", 30.0))
+    winner = leases[0].holder
+    assert winner in ("a", "b") and leases[1].holder == winner
+    assert 29.0 < leases[0].expires_in_s <= 30.0
+    loser, loser_name = (b, "b") if winner == "a" else (a, "a")
+    winner_store = a if winner == "a" else b
+    assert (await winner_store.claim("owner", winner, 30.0)).holder == winner  # renewed
+    assert await loser.release("owner", loser_name) is False
+    assert await winner_store.release("owner", winner) is True
+    assert (await loser.claim("owner", loser_name, 0.2)).holder == loser_name
+    # Not renewed, the short lease expires on the server and the other store takes it.
+    await wait_for(
+        lambda: _holder_is(winner_store, winner), limit_s=5.0, what="the lease to expire"
+    )
+
+
+async def _holder_is(store: RedisStore, holder: str) -> bool:
+    return (await store.claim("owner", holder, 30.0)).holder == holder
+
+
+async def test_presence_expires_on_the_server(stores: Callable[..., Any]) -> None:
+    a: RedisStore = await stores()
+    b: RedisStore = await stores()
+    await a.announce("frontends", "a", "tcp://127.0.0.1:7000", 30.0)
+    await b.announce("frontends", "b", "tcp://127.0.0.1:7001", 0.2)
+    assert await a.live("frontends") == {
+        "a": "tcp://127.0.0.1:7000",
+        "b": "tcp://127.0.0.1:7001",
+    }
+
+    async def only_a() -> bool:
+        return await b.live("frontends") == {"a": "tcp://127.0.0.1:7000"}
+
+    await wait_for(only_a, limit_s=5.0, what="b's entry to expire")
+    await a.withdraw("frontends", "a")
+    assert await b.live("frontends") == {}
+
+
+async def test_replica_records_are_shared_but_never_events(stores: Callable[..., Any]) -> None:
+    a: RedisStore = await stores()
+    b: RedisStore = await stores()
+    seen, on_event = collector()
+    b.watch(on_event)
+    await a.put("replica", "m/1/0", {"token": "t", "pid": 1})
+    await a.put("current", "m", "1")  # a config change after it: its event comes
+    event = await asyncio.wait_for(seen.get(), 2.0)
+    assert event == StoreEvent("current", "m", "1")
+    assert await b.records("replica") == {"m/1/0": {"token": "t", "pid": 1}}
+    assert "replica" not in await b.load()

@@ -13,9 +13,10 @@ from typing import Any
 import orjson
 import pytest
 
+from clipper.clock import FakeClock
 from clipper.errors import ClipperError, ConfigError
 from clipper.store import CONFIG_KINDS, MemoryStore, SqliteStore, Store, StoreError, open_store
-from clipper.store.base import Delete, DeletePrefix, Put, redact_url
+from clipper.store.base import Delete, DeletePrefix, Lease, Put, redact_url
 from clipper.store.sqlite import SCHEMA_VERSION
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -521,3 +522,132 @@ async def test_sqlite_upgrades_a_schema_1_file_keeping_its_states(tmp_path: Path
         conn.close()
     assert version == (str(SCHEMA_VERSION),)
     assert SCHEMA_VERSION == 2
+
+
+# --- leases, presence and runtime records ----------------------------------------------------
+
+
+class Timed:
+    """A store whose leases and presence expire by a time the test moves."""
+
+    def __init__(self, backend: str, tmp_path: Path) -> None:
+        self.clock = FakeClock()
+        self.backend = backend
+        self.path = tmp_path / "state" / "clipper.db"
+
+    def make(self) -> Store:
+        if self.backend == "memory":
+            return MemoryStore(clock=self.clock)
+        return SqliteStore(self.path, wall=self.clock.now)
+
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def timed(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Store, Timed]]:
+    t = Timed(request.param, tmp_path)
+    s = t.make()
+    await s.open()
+    yield s, t
+    await s.close()
+
+
+async def test_a_free_lease_is_taken_and_renewed_by_its_holder(
+    timed: tuple[Store, Timed],
+) -> None:
+    store, t = timed
+    assert await store.claim("owner", "a", 5.0) == Lease("a", 5.0)
+    t.advance(3.0)
+    assert await store.claim("owner", "a", 5.0) == Lease("a", 5.0)  # renewed from now
+    t.advance(4.0)  # 7 s after the first claim, 4 after the renewal: still a's
+    lease = await store.claim("owner", "b", 5.0)
+    assert lease.holder == "a"
+    assert lease.expires_in_s == pytest.approx(1.0)
+
+
+async def test_an_expired_lease_goes_to_the_next_claimant(timed: tuple[Store, Timed]) -> None:
+    store, t = timed
+    await store.claim("owner", "a", 5.0)
+    t.advance(5.0)
+    assert await store.claim("owner", "b", 5.0) == Lease("b", 5.0)
+    assert (await store.claim("owner", "a", 5.0)).holder == "b"
+    # Leases of other names are other leases.
+    assert (await store.claim("other", "a", 5.0)).holder == "a"
+
+
+async def test_release_frees_the_lease_only_for_its_holder(timed: tuple[Store, Timed]) -> None:
+    store, _ = timed
+    await store.claim("owner", "a", 5.0)
+    assert await store.release("owner", "b") is False
+    assert (await store.claim("owner", "b", 5.0)).holder == "a"
+    assert await store.release("owner", "a") is True
+    assert await store.release("owner", "a") is False
+    assert (await store.claim("owner", "b", 5.0)).holder == "b"
+
+
+async def test_bad_lease_arguments_are_store_errors(timed: tuple[Store, Timed]) -> None:
+    store, _ = timed
+    with pytest.raises(StoreError, match="non-empty"):
+        await store.claim("", "a", 5.0)
+    with pytest.raises(StoreError, match="non-empty"):
+        await store.claim("owner", "", 5.0)
+    with pytest.raises(StoreError, match="> 0"):
+        await store.claim("owner", "a", 0)
+    with pytest.raises(StoreError, match="> 0"):
+        await store.announce("frontends", "a", "x", -1.0)
+
+
+async def test_presence_expires_unless_announced_again(timed: tuple[Store, Timed]) -> None:
+    store, t = timed
+    await store.announce("frontends", "a", "tcp://127.0.0.1:7000", 3.0)
+    await store.announce("frontends", "b", "tcp://127.0.0.1:7001", 3.0)
+    await store.announce("others", "c", {"x": 1}, 3.0)
+    assert await store.live("frontends") == {
+        "a": "tcp://127.0.0.1:7000",
+        "b": "tcp://127.0.0.1:7001",
+    }
+    t.advance(2.0)
+    await store.announce("frontends", "a", "tcp://127.0.0.1:7002", 3.0)  # renewed, new value
+    t.advance(1.5)
+    assert await store.live("frontends") == {"a": "tcp://127.0.0.1:7002"}
+    assert await store.live("others") == {}
+    await store.withdraw("frontends", "a")
+    assert await store.live("frontends") == {}
+    assert await store.live("never") == {}
+
+
+async def test_runtime_records_are_read_whole_and_never_loaded(store: Store) -> None:
+    record = {"name": "m", "version": "1", "slot": 0, "token": "t", "pid": 42}
+    await store.put("replica", "m/1/0", record)
+    await store.put("replica", "m/1/1", {**record, "slot": 1})
+    await store.put("app", "a", APP)
+    assert await store.records("replica") == {"m/1/0": record, "m/1/1": {**record, "slot": 1}}
+    snapshot = await store.load()
+    assert set(snapshot) == set(CONFIG_KINDS)
+    assert "replica" not in snapshot
+    await store.delete("replica", "m/1/0")
+    assert set(await store.records("replica")) == {"m/1/1"}
+    with pytest.raises(StoreError, match="runtime kinds"):
+        await store.records("state")
+    with pytest.raises(StoreError, match="runtime kinds"):
+        await store.records("app")
+
+
+async def test_sqlite_processes_sharing_a_file_share_one_lease(tmp_path: Path) -> None:
+    t = Timed("sqlite", tmp_path)
+    first, second = t.make(), t.make()
+    await first.open()
+    await second.open()
+    try:
+        leases = await asyncio.gather(
+            *(s.claim("owner", name, 5.0) for s, name in ((first, "a"), (second, "b")))
+        )
+        assert leases[0].holder == leases[1].holder  # one winner, seen by both
+        await first.announce("frontends", "a", "tcp://a", 3.0)
+        assert await second.live("frontends") == {"a": "tcp://a"}
+    finally:
+        await first.close()
+        await second.close()

@@ -109,6 +109,7 @@ class AdminApi:
         traffic: Traffic | None = None,
         autoscaler: Autoscaler | None = None,
         operations: Operations | None = None,
+        owner: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.autoscaler = autoscaler
         self.max_upload_unpacked_bytes = max_upload_unpacked_bytes
@@ -153,7 +154,7 @@ class AdminApi:
         self.state_routes = StateRoutes(
             registry=registry, catalog=catalog, manager=manager,
             window=window or MetricsWindow(metrics, clock), clock=clock, state_dir=state_dir,
-            max_artifact_bytes=max_upload_unpacked_bytes,
+            max_artifact_bytes=max_upload_unpacked_bytes, owner=owner,
         )  # fmt: skip
         self._sync.update(self.state_routes.sync_routes())
         self._async.update(self.state_routes.async_routes())

@@ -107,7 +107,11 @@ class StateRoutes:
         clock: Clock,
         state_dir: Path,
         max_artifact_bytes: int,
+        owner: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        # Who runs the replicas (the owner lease, the live frontends): the status's
+        # "replica_owner"; None: this frontend runs its own.
+        self.owner = owner
         self.registry = registry
         self.catalog = catalog
         self.manager = manager
@@ -328,6 +332,7 @@ class StateRoutes:
                 "applications": apps,
                 "models": models,
                 "replicas": self._replica_states(),
+                "replica_owner": self.owner() if self.owner is not None else None,
             }
         )
 

@@ -19,12 +19,14 @@ from typing import Protocol
 from clipper.choices import MANAGERS
 from clipper.clock import Clock
 from clipper.errors import ConfigError
+from clipper.managers.shared import SharedReplicas
 from clipper.registry import ModelVersion
 
 __all__ = [
     "ContainerManager",
     "ManagerContext",
     "ReplicaStatus",
+    "SharedReplicas",
     "open_manager",
 ]
 
@@ -117,6 +119,8 @@ class ManagerContext:
     rpc_keys: Path | None = None
     # This frontend's id (known once it has started): names what an engine keeps for it.
     node_id: Callable[[], str] = lambda: ""
+    # Set when replicas are shared by the frontends (None: each frontend's are its children).
+    shared: SharedReplicas | None = None
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
@@ -136,6 +140,7 @@ def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
         nice=ctx.nice,
         log_max_bytes=ctx.log_max_bytes,
         rpc_keys=ctx.rpc_keys,
+        shared=ctx.shared,
     )
 
 

@@ -3,6 +3,17 @@
 Each replica slot is owned by one supervising task: it starts the container process, waits for it
 to exit, and restarts it with exponential backoff unless it is being stopped. Containers get the
 frontend's pid and exit by themselves if it dies, so a killed frontend leaves no orphans.
+
+Shared mode (:class:`SharedReplicas`: a redis store, or several worker processes): replicas
+serve every frontend and outlive the one that started them. Each is started with ``--shared``,
+every other live frontend's ``--frontend`` address and no ``--parent-pid``, in a session of its
+own (a SIGKILL of the frontend's process group does not reach it), writing its log file itself
+(a pipe would break with the frontend); it is recorded in the store (kind ``replica``) when it
+starts and the record deleted when it is stopped. The next owner adopts the records
+(:meth:`LocalManager.adopt`): a slot whose replica is connected counts as running, is stopped
+with a RETIRE message, and is started anew if it does not connect within the grace period. A
+frontend that is no longer the owner detaches (:meth:`LocalManager.detach`): it stops
+supervising and leaves the processes running.
 """
 
 from __future__ import annotations
@@ -12,15 +23,20 @@ import contextlib
 import glob
 import logging
 import os
+import secrets
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from clipper.clock import Clock, sleep, wait_for
 from clipper.errors import ReplicaError
+from clipper.managers.shared import SharedReplicas
 from clipper.registry import ModelVersion
+from clipper.store.base import StoreError
 from clipper.version import IMPORT_ROOT
 
 __all__ = ["LOG_MAX_BYTES", "LocalManager", "ReplicaProcess", "RotatingLog"]
@@ -31,6 +47,8 @@ _BACKOFF_START = 0.1
 _BACKOFF_MAX = 5.0
 _STABLE_AFTER = 10.0
 _STOP_GRACE = 3.0
+# A retired replica drains every link (bounded by its drain timeout) and exits within this.
+_RETIRE_WAIT_S = 8.0
 # A replica's log (its stdout and stderr) rotates past this size, keeping one previous file
 # (<log>.1): at most about twice this on disk per replica slot, however much a model prints.
 LOG_MAX_BYTES = 10 * 2**20
@@ -55,6 +73,10 @@ class ReplicaProcess:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     stopping: bool = False
     location: str = "local"
+    # Shared mode: supervision ended, the process left running for the next owner.
+    detached: bool = False
+    # Shared mode: the host of the frontend that started it (its pid means something there).
+    host: str = ""
 
     @property
     def state(self) -> str:
@@ -87,7 +109,16 @@ class LocalManager:
         nice: int = 0,
         log_max_bytes: int = LOG_MAX_BYTES,
         rpc_keys: Path | None = None,
+        shared: SharedReplicas | None = None,
     ) -> None:
+        self.shared = shared
+        self.host = socket.gethostname()
+        # Tokens are unique across frontends and restarts: an adopted replica's token and one
+        # this manager makes never meet.
+        self._run = secrets.token_hex(3)
+        # The settings each version was last ensured with: an adopted slot that never connects
+        # is started anew with them.
+        self._versions: dict[tuple[str, str], ModelVersion] = {}
         self.log_max_bytes = log_max_bytes
         self._rpc_host = rpc_host
         self._rpc_port = rpc_port
@@ -160,13 +191,14 @@ class LocalManager:
                 f"model {mv.name}:{mv.version} has no artifact to run; its containers are "
                 "started outside clipper-serve"
             )
+        self._versions[mv.key] = mv
         group = self._groups.setdefault(mv.key, [])
         while len(group) < replicas:
+            # The lowest free slot: adopted slots need not be 0..n-1.
+            used = {p.slot for p in group}
+            slot = next(i for i in range(len(group) + 1) if i not in used)
             proc = ReplicaProcess(
-                mv.name,
-                mv.version,
-                len(group),
-                self.log_file(mv.name, mv.version, len(group)),
+                mv.name, mv.version, slot, self.log_file(mv.name, mv.version, slot), host=self.host
             )
             proc.log_path.parent.mkdir(parents=True, exist_ok=True)
             proc.task = asyncio.create_task(
@@ -174,6 +206,7 @@ class LocalManager:
                 name=f"clipper-replica-{mv.name}-{mv.version}-{proc.slot}",
             )
             group.append(proc)
+            group.sort(key=lambda p: p.slot)
         surplus = group[replicas:]
         del group[replicas:]
         if not group:
@@ -191,8 +224,64 @@ class LocalManager:
         await asyncio.gather(*(self._stop(p) for group in groups for p in group))
         await asyncio.gather(*self._stopping, return_exceptions=True)
 
+    def detach(self) -> None:
+        """Stop supervising every replica and leave the processes running (shared mode: this
+        frontend is no longer the owner; the next one adopts them from their records)."""
+        groups = list(self._groups.values())
+        self._groups.clear()
+        for proc in (p for group in groups for p in group):
+            proc.detached = True
+            if proc.task is not None:
+                proc.task.cancel()
+
+    async def adopt(self, wanted: Callable[[str, str], bool]) -> None:
+        """Take over the replicas the store records (shared mode; a new owner, before it
+        converges): each slot counts as running while its replica is connected here; one of
+        a version no longer registered (``wanted`` False) is stopped at once."""
+        if self.shared is None:
+            return
+        try:
+            records = await self.shared.store.records("replica")
+        except StoreError as exc:
+            log.warning("cannot read the replica records to adopt: %s", exc)
+            return
+        stops = []
+        for key, rec in sorted(records.items()):
+            proc = _adopted(rec, self)
+            if proc is None:
+                log.warning("ignoring a malformed replica record %r: %r", key, rec)
+                continue
+            group = self._groups.setdefault((proc.model, proc.version), [])
+            if any(p.slot == proc.slot for p in group):
+                continue  # this manager runs that slot already
+            if not wanted(proc.model, proc.version):
+                stops.append(asyncio.ensure_future(self._stop(proc)))
+                if not group:
+                    self._groups.pop((proc.model, proc.version), None)
+                continue
+            proc.task = asyncio.create_task(
+                self._watch_adopted(proc),
+                name=f"clipper-replica-{proc.model}-{proc.version}-{proc.slot}-adopted",
+            )
+            group.append(proc)
+            group.sort(key=lambda p: p.slot)
+            log.info(
+                "adopted replica %s of %s:%s (pid %s, token %s)",
+                proc.slot,
+                proc.model,
+                proc.version,
+                proc.pid,
+                proc.token,
+            )
+        for stop in stops:
+            self._stopping.add(stop)
+            stop.add_done_callback(self._stopping.discard)
+
     async def _stop(self, proc: ReplicaProcess) -> None:
         proc.stopping = True
+        if self.shared is not None:
+            await self._stop_shared(proc)
+            return
         if self.drain is not None and proc.token:
             with contextlib.suppress(Exception):
                 await self.drain(proc.token)
@@ -201,10 +290,124 @@ class LocalManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await proc.task
 
+    async def _stop_shared(self, proc: ReplicaProcess) -> None:
+        """A shared replica serves other frontends too: RETIRE lets it drain every link (and
+        answer their batches) before it exits; a signal is the fallback."""
+        assert self.shared is not None
+        adopted = proc.location == "adopted"
+        if adopted and proc.task is not None:
+            proc.task.cancel()  # its watcher must not start it anew
+            with contextlib.suppress(asyncio.CancelledError):
+                await proc.task
+            adopted = proc.location == "adopted"  # the watcher may have started it anew
+        retired = bool(proc.token) and self.shared.retire(proc.token)
+        if adopted:
+            if retired:
+                await self._gone(proc)
+            if proc.pid is not None and _runs(proc.pid, proc.token, proc.host == self.host):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, signal.SIGTERM)
+        else:
+            if not retired and self.drain is not None and proc.token:
+                with contextlib.suppress(Exception):
+                    await self.drain(proc.token)
+            if proc.task is not None:
+                if retired:
+                    # The supervisor returns once the process exits (it is stopping).
+                    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                        await wait_for(self.clock, asyncio.shield(proc.task), _RETIRE_WAIT_S)
+                proc.task.cancel()  # still running: SIGTERM, then SIGKILL
+                with contextlib.suppress(asyncio.CancelledError):
+                    await proc.task
+        await self._forget_record(proc)
+
+    async def _gone(self, proc: ReplicaProcess) -> None:
+        """Wait (bounded) for a retired replica that is not our child to exit."""
+        assert self.shared is not None
+        deadline = self.clock.now() + _RETIRE_WAIT_S
+        local = proc.host == self.host
+        while self.clock.now() < deadline:
+            if local and proc.pid is not None:
+                if not _runs(proc.pid, proc.token, True):
+                    return
+            elif not self.shared.connected(proc.token):
+                return
+            await sleep(self.clock, min(0.1, self.heartbeat_interval_s))
+
+    async def _watch_adopted(self, proc: ReplicaProcess) -> None:
+        """An adopted slot counts as running while its replica is connected here; one that
+        does not connect within the grace period, or goes silent that long, is started anew
+        (as this manager's own child) once the version's settings are known here."""
+        assert self.shared is not None
+        grace = self.shared.grace_s
+        heard = self.clock.now()  # the grace period runs from the adoption
+        while True:
+            if self.shared.connected(proc.token):
+                heard = self.clock.now()
+            elif self.clock.now() - heard > grace:
+                break
+            await sleep(self.clock, self.heartbeat_interval_s)
+        log.warning(
+            "adopted replica %s of %s:%s (token %s) is not connected after %.1f s: starting "
+            "it anew",
+            proc.slot,
+            proc.model,
+            proc.version,
+            proc.token,
+            grace,
+        )
+        if proc.pid is not None and _runs(proc.pid, proc.token, proc.host == self.host):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGTERM)  # hung: it would hold its slot's work
+        await self._forget_record(proc)
+        mv = self._versions.get((proc.model, proc.version))
+        while mv is None:  # the reconciler ensures every version right after an adoption
+            await sleep(self.clock, self.heartbeat_interval_s)
+            mv = self._versions.get((proc.model, proc.version))
+        proc.location, proc.host, proc.pid, proc.token = "local", self.host, None, ""
+        proc.log_path.parent.mkdir(parents=True, exist_ok=True)
+        await self._supervise(mv, proc)
+
+    def _record_key(self, proc: ReplicaProcess) -> str:
+        return f"{proc.model}/{proc.version}/{proc.slot}"
+
+    async def _write_record(self, proc: ReplicaProcess) -> None:
+        assert self.shared is not None
+        record = {
+            "name": proc.model,
+            "version": proc.version,
+            "slot": proc.slot,
+            "token": proc.token,
+            "host": proc.host or self.host,
+            "pid": proc.pid,
+            "location": proc.location,
+        }
+        try:
+            await self.shared.store.put("replica", self._record_key(proc), record)
+        except StoreError as exc:
+            # Logged, not fatal: the replica runs; a next owner would not adopt it and would
+            # start the slot anew (the orphan exits by its orphan timeout once unheard of).
+            log.warning("cannot record replica %s: %s", self._record_key(proc), exc)
+
+    async def _forget_record(self, proc: ReplicaProcess) -> None:
+        if self.shared is None:
+            return
+        try:
+            await self.shared.store.delete("replica", self._record_key(proc))
+        except StoreError as exc:
+            log.warning("cannot delete the record of replica %s: %s", self._record_key(proc), exc)
+
     def _command(self, mv: ModelVersion, proc: ReplicaProcess) -> list[str]:
         assert mv.artifact is not None
         # The key directory's path, never the keys: command lines are visible to everyone.
         keys = ["--rpc-keys", str(self.rpc_keys)] if self.rpc_keys is not None else []
+        if self.shared is not None:
+            # Every other live frontend (this one is --ip/--port); no parent to die with.
+            own = f"tcp://{self._rpc_host()}:{self._rpc_port()}"
+            others = [a for a in self.shared.frontends() if a != own]
+            tail = ["--shared", *(arg for a in others for arg in ("--frontend", a))]
+        else:
+            tail = ["--parent-pid", str(os.getpid())]
         return [
             self.python, "-m", "clipper.container",
             "--model-path", mv.artifact,
@@ -214,10 +417,10 @@ class LocalManager:
             "--ip", self._rpc_host(),
             "--port", str(self._rpc_port()),
             "--heartbeat-interval", str(self.heartbeat_interval_s),
-            "--parent-pid", str(os.getpid()),
             "--replica-token", proc.token,
             "--nice", str(self.nice),
             *keys,
+            *tail,
         ]  # fmt: skip
 
     def _env(self) -> dict[str, str]:
@@ -229,10 +432,13 @@ class LocalManager:
         return env
 
     async def _supervise(self, mv: ModelVersion, proc: ReplicaProcess) -> None:
+        if self.shared is not None:
+            await self._supervise_shared(mv, proc)
+            return
         backoff = _BACKOFF_START
         while True:
             self._generation += 1
-            proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._generation}"
+            proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
             started = self.clock.now()
             # Through a pipe, not the file itself: the manager writes it, rotated by size.
             child = await asyncio.create_subprocess_exec(
@@ -275,6 +481,121 @@ class LocalManager:
             )
             await sleep(self.clock, backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    async def _supervise_shared(self, mv: ModelVersion, proc: ReplicaProcess) -> None:
+        """As :meth:`_supervise`, for a replica that must outlive this frontend: its own
+        session, its log written by itself (unrotated while it runs), its record in the store;
+        a cancel of a detached slot leaves it running."""
+        backoff = _BACKOFF_START
+        while True:
+            self._generation += 1
+            proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
+            started = self.clock.now()
+            opening = asyncio.ensure_future(
+                asyncio.to_thread(_open_log, proc.log_path, self.log_max_bytes)
+            )
+            try:
+                log_file = await asyncio.shield(opening)
+            except asyncio.CancelledError:
+                opening.add_done_callback(_close_opened)  # the file arrives after the cancel
+                raise
+            try:
+                child = await asyncio.create_subprocess_exec(
+                    *self._command(mv, proc),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=self._env(),
+                    start_new_session=True,
+                )
+            finally:
+                log_file.close()  # the child holds its own copy
+            proc.pid = child.pid
+            proc.host = self.host
+            try:
+                await self._write_record(proc)
+                code = await child.wait()
+            except asyncio.CancelledError:
+                if not proc.detached:
+                    await _terminate(child, self.clock)
+                    proc.pid = None
+                raise
+            proc.pid = None
+            proc.last_exit = code
+            if self.on_exit is not None:
+                self.on_exit(proc.token)
+            if proc.stopping:
+                return
+            proc.restarts += 1
+            if self.clock.now() - started > _STABLE_AFTER:
+                backoff = _BACKOFF_START
+            log.warning(
+                "replica %s of %s:%s exited with %s; restarting in %.1f s (log: %s)",
+                proc.slot,
+                mv.name,
+                mv.version,
+                code,
+                backoff,
+                proc.log_path,
+            )
+            await sleep(self.clock, backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+
+def _open_log(path: Path, max_bytes: int) -> Any:
+    """A shared replica's log, opened for the child to append to; rotated (one previous file)
+    at each start, since nothing copies it while it runs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if path.stat().st_size > max_bytes:
+            os.replace(path, path.with_name(path.name + ".1"))
+    return path.open("ab")
+
+
+def _close_opened(opening: asyncio.Future[Any]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
+
+
+def _runs(pid: int, token: str, local: bool) -> bool:
+    """Whether ``pid`` is (still) the replica with ``token`` on this machine: its command line
+    says so (a pid alone may have been reused)."""
+    if not local or not token:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    if stat[stat.rindex(b")") + 2 :][:1] in (b"Z", b"X"):
+        return False  # exited, not reaped yet
+    return token.encode() in args
+
+
+def _adopted(rec: Any, manager: LocalManager) -> ReplicaProcess | None:
+    """The slot a replica record describes, or None when it is malformed."""
+    if not isinstance(rec, dict):
+        return None
+    name, version, slot = rec.get("name"), rec.get("version"), rec.get("slot")
+    token, pid, host = rec.get("token"), rec.get("pid"), rec.get("host")
+    if not (isinstance(name, str) and isinstance(version, str) and isinstance(token, str)):
+        return None
+    if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0 or not token:
+        return None
+    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+        return None
+    return ReplicaProcess(
+        name,
+        version,
+        slot,
+        manager.log_file(name, version, slot),
+        token=token,
+        pid=pid,
+        location="adopted",
+        host=host if isinstance(host, str) else "",
+    )
 
 
 async def _terminate(child: asyncio.subprocess.Process, clock: Clock) -> None:

@@ -13,13 +13,19 @@ Each model version's replicas are converged by one owned worker task at a time (
 arrive meanwhile are picked up by the same worker), so the manager never sees two overlapping
 requests for one version. A version that stops running first drains: its queue is answered or
 expires (bounded by its SLO) and its in-flight batches come back, then its processes stop.
+
+Only the deployment's replica owner (:mod:`clipper.runtime.ownership`) calls the manager: every
+frontend keeps its schedulers, but one whose lease went elsewhere leaves the replicas alone. It
+never stops replicas because it lost the lease: the next owner adopts them. A frontend that
+becomes the owner first lets its manager adopt what the previous owner left (``adopt``, when
+the manager has it), then converges every version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from clipper.batching.scheduler import ModelScheduler
 from clipper.clock import Clock, TimerHandle, wait_event
@@ -51,7 +57,10 @@ class Reconciler:
         on_app_deleted: Callable[[str], None] = lambda name: None,
         on_version_deleted: Callable[[str, str], None] = lambda name, version: None,
         forget_after_s: float = 300.0,
+        acting: bool = True,
     ) -> None:
+        """``acting``: whether this frontend runs the replicas from the start (False with
+        shared replicas, until :meth:`set_owner` says it holds the owner lease)."""
         self.registry = registry
         self.manager = manager
         self.schedulers = schedulers
@@ -71,6 +80,9 @@ class Reconciler:
         self._idle: dict[Key, asyncio.Event] = {}
         self._held = True
         self._stopped = False
+        # Whether this frontend is the replica owner: only then is the manager called.
+        self._acting = acting
+        self._adopting: asyncio.Task[None] | None = None
         registry.subscribe(self.on_change)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -81,8 +93,62 @@ class Reconciler:
         for key in list(self._dirty):
             self._kick(key)
 
+    @property
+    def acting(self) -> bool:
+        """Whether the manager is being called (this frontend owns the replicas, and any
+        adoption is over)."""
+        return self._acting and self._adopting is None
+
+    def set_owner(self, owner: bool) -> None:
+        """This frontend became (True) or stopped being (False) the replica owner."""
+        if owner == self._acting or self._stopped:
+            return
+        self._acting = owner
+        if self._adopting is not None:
+            self._adopting.cancel()
+            self._adopting = None
+        if owner:
+            self._adopting = asyncio.get_running_loop().create_task(
+                self._take_over(), name="clipper-reconcile-adopt"
+            )
+            return
+        # A worker under way finishes its step; the next ones call no manager. The manager
+        # stops supervising (no restart, no kill): the replicas are the next owner's.
+        detach: Callable[[], None] | None = getattr(self.manager, "detach", None)
+        if detach is not None:
+            detach()
+
+    async def _take_over(self) -> None:
+        adopt: Callable[[Callable[[str, str], bool]], Awaitable[None]] | None = getattr(
+            self.manager, "adopt", None
+        )
+        try:
+            # Workers still finishing a step from before (a drain, a deletion) go first.
+            await asyncio.gather(*self._workers.values(), return_exceptions=True)
+            if adopt is not None:
+                await adopt(self._registered)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("adopting the previous owner's replicas failed")
+        finally:
+            if asyncio.current_task() is self._adopting:
+                self._adopting = None
+        for key in {*self._known, *(k for k, _ in self.schedulers.items())}:
+            self._dirty.add(key)
+        if not self._held:
+            for key in list(self._dirty):
+                self._kick(key)
+
+    def _registered(self, name: str, version: str) -> bool:
+        return version in self.registry.models.get(name, {})
+
     async def stop(self) -> None:
         self._stopped = True
+        if self._adopting is not None:
+            self._adopting.cancel()
+            await asyncio.gather(self._adopting, return_exceptions=True)
+            self._adopting = None
         for timer in self._forget_timers.values():
             timer.cancel()
         self._forget_timers.clear()
@@ -96,7 +162,7 @@ class Reconciler:
     async def settled(self, name: str, version: str) -> None:
         """Wait until the version's replica count has been acted on."""
         key = (name, version)
-        while key in self._workers or (key in self._dirty and not self._held):
+        while key in self._workers or (key in self._dirty and not self._held and self.acting):
             event = self._idle.setdefault(key, asyncio.Event())
             await event.wait()
 
@@ -170,6 +236,8 @@ class Reconciler:
     def _kick(self, key: Key) -> None:
         if self._stopped or key in self._workers:
             return  # the running worker sees the key dirty again and loops
+        if self._adopting is not None:
+            return  # converged once the adoption is over
         self._idle.setdefault(key, asyncio.Event()).clear()
         task = asyncio.get_running_loop().create_task(
             self._work(key), name=f"clipper-reconcile-{key[0]}-{key[1]}"
@@ -200,13 +268,14 @@ class Reconciler:
         known = mv or self._known.get(key)
         if known is None:
             return
-        running = len(self.manager.replicas(name, version))
-        if wanted == 0 and running:
-            await self._drain(self.schedulers.get(key) or self._retiring.get(key))
-            # The version may have come back while it drained: read it again.
-            if key in self._dirty:
-                return
-        await self.manager.ensure(known, wanted)
+        if self._acting:
+            running = len(self.manager.replicas(name, version))
+            if wanted == 0 and running:
+                await self._drain(self.schedulers.get(key) or self._retiring.get(key))
+                # The version may have come back while it drained: read it again.
+                if key in self._dirty:
+                    return
+            await self.manager.ensure(known, wanted)
         if mv is None:
             self._known.pop(key, None)
             sched = self._retiring.pop(key, None)

@@ -112,6 +112,11 @@ class ReplicaDirectory:
         if replica is not None and replica.scheduler is not None:
             replica.scheduler.remove_replica(replica)
 
+    def connected(self, token: str) -> bool:
+        """Whether the replica that presented ``token`` is connected here (an adopted one
+        counts as running while it is)."""
+        return token in self._by_token
+
     def process_exited(self, token: str) -> None:
         # The manager saw the process die: no need to wait for the heartbeat timeout.
         replica = self._by_token.get(token)

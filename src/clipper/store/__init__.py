@@ -7,9 +7,11 @@ frontend per state directory) or ``redis://host:port/db`` (frontends that share 
 from clipper.store.base import (
     CONFIG_KINDS,
     KINDS,
+    RUNTIME_KINDS,
     Delete,
     DeletePrefix,
     Kind,
+    Lease,
     Op,
     Put,
     Snapshot,
@@ -25,9 +27,11 @@ from clipper.store.sqlite import SqliteStore
 __all__ = [
     "CONFIG_KINDS",
     "KINDS",
+    "RUNTIME_KINDS",
     "Delete",
     "DeletePrefix",
     "Kind",
+    "Lease",
     "MemoryStore",
     "Op",
     "Put",

@@ -10,6 +10,13 @@ Values are plain JSON (dicts, lists, strings, numbers, booleans, null); the regi
 types are mapped to and from JSON by the caller, so a backend never sees a Python object it
 cannot write.
 
+Besides the configuration, the store holds what frontends sharing it coordinate with at run
+time: a **lease** (:meth:`Store.claim`: one holder at a time, taken over when it expires; the
+deployment's replica owner), **presence** (:meth:`Store.announce` / :meth:`Store.live`: entries
+that vanish unless renewed; each frontend's RPC address) and **runtime records** (kind
+``replica``: which replicas the owner started, for the next owner to adopt). None of these is
+configuration: ``load()`` never returns them, so ``clipper export`` never shows them.
+
 Every method is async because the frontend is one event loop that nothing may block: the SQLite
 backend runs its calls on its own worker thread, the Redis backend is natively async.
 """
@@ -29,10 +36,12 @@ from clipper.errors import ClipperError, ConfigError
 __all__ = [
     "CONFIG_KINDS",
     "KINDS",
+    "RUNTIME_KINDS",
     "STATE_PAGE",
     "Delete",
     "DeletePrefix",
     "Kind",
+    "Lease",
     "Op",
     "Put",
     "Snapshot",
@@ -49,11 +58,14 @@ __all__ = [
     "sqlite_path",
 ]
 
-Kind = Literal["app", "model", "current", "links", "intent", "rollout", "state"]
+Kind = Literal["app", "model", "current", "links", "intent", "rollout", "state", "replica"]
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
 # What load() returns: the configuration. "state" (selection-policy state per application and
 # user) can hold millions of keys: it is read one key at a time with get().
 CONFIG_KINDS: Final[tuple[Kind, ...]] = ("app", "model", "current", "links", "intent", "rollout")
+# Written at run time, not configuration: never in load() (nor in an export), never sent to
+# watchers; read whole with Store.records() (a few entries: one per replica slot).
+RUNTIME_KINDS: Final[tuple[Kind, ...]] = ("replica",)
 
 # How many users one page of Store.state_users lists: a page is what one awaited step holds.
 STATE_PAGE: Final = 1000
@@ -111,6 +123,16 @@ class StoreEvent:
     last: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who holds a lease after a :meth:`Store.claim`, and for how much longer (seconds, as the
+    store's own clock counts them: the redis server's, this machine's wall clock, the memory
+    store's injected clock)."""
+
+    holder: str
+    expires_in_s: float
+
+
 Watcher = Callable[[StoreEvent], None]
 Resync = Callable[[], None]
 
@@ -155,6 +177,18 @@ class Store(Protocol):
     most ``batch``, least recently written first where the backend keeps that order (memory,
     SQLite); Redis lists them in its scan order, and may list a user twice. Keys written or
     deleted while the listing runs may or may not be listed.
+
+    ``claim(name, holder, ttl_s)`` is atomic: when the lease ``name`` is free or expired,
+    ``holder`` takes it for ``ttl_s``; when ``holder`` holds it, it is renewed for ``ttl_s``;
+    otherwise nothing changes. It returns who holds it now. ``release(name, holder)`` frees it
+    if ``holder`` holds it (True), else changes nothing (False).
+
+    ``announce(group, key, value, ttl_s)`` publishes ``value`` under ``key`` for ``ttl_s``
+    (renewed by announcing again); ``live(group)`` is every unexpired entry of ``group``;
+    ``withdraw(group, key)`` removes one at once.
+
+    ``records(kind)`` is every record of a runtime kind (:data:`RUNTIME_KINDS`), which are
+    written with ``put``/``delete``/``commit`` like the others.
     """
 
     async def open(self) -> None: ...
@@ -176,6 +210,37 @@ class Store(Protocol):
     def watch(self, callback: Watcher) -> None: ...
 
     def on_resync(self, callback: Resync) -> None: ...
+
+    async def claim(self, name: str, holder: str, ttl_s: float) -> Lease: ...
+
+    async def release(self, name: str, holder: str) -> bool: ...
+
+    async def announce(self, group: str, key: str, value: Any, ttl_s: float) -> None: ...
+
+    async def withdraw(self, group: str, key: str) -> None: ...
+
+    async def live(self, group: str) -> dict[str, Any]: ...
+
+    async def records(self, kind: Kind) -> dict[str, Any]: ...
+
+
+def check_runtime_kind(kind: str) -> Kind:
+    if kind not in RUNTIME_KINDS:
+        raise StoreError(
+            f"records() reads runtime kinds only ({', '.join(RUNTIME_KINDS)}), not {kind!r}"
+        )
+    return check_kind(kind)
+
+
+def check_lease(name: str, holder: str, ttl_s: float | None = None) -> None:
+    """Leases and presence entries need names, and a lifetime a clock can count."""
+    if not isinstance(name, str) or not name or not isinstance(holder, str) or not holder:
+        raise StoreError(
+            f"a lease or presence entry needs a non-empty name and holder/key, got "
+            f"{name!r}, {holder!r}"
+        )
+    if ttl_s is not None and not (0 < ttl_s < 86_400 * 365):
+        raise StoreError(f"a lease or presence lifetime must be > 0 seconds, got {ttl_s!r}")
 
 
 def empty_snapshot() -> Snapshot:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from clipper.clock import Clock, MonotonicClock
 from clipper.store.base import (
     CONFIG_KINDS,
     KINDS,
     STATE_PAGE,
     DeletePrefix,
     Kind,
+    Lease,
     Op,
     Put,
     Resync,
@@ -18,8 +20,11 @@ from clipper.store.base import (
     StoreError,
     Watcher,
     check_kind,
+    check_lease,
     check_ops,
+    check_runtime_kind,
     decode_value,
+    encode_value,
 )
 
 __all__ = ["MemoryStore"]
@@ -34,10 +39,15 @@ class MemoryStore:
 
     A state written again moves to the end of its dict, so a dict walk lists states least
     recently written first (:meth:`state_users`).
+
+    Leases and presence entries expire by ``clock`` (tests pass a fake one).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or MonotonicClock()
         self._data: dict[Kind, dict[str, bytes]] = {kind: {} for kind in KINDS}
+        self._leases: dict[str, tuple[str, float]] = {}  # name -> (holder, expires at)
+        self._presence: dict[str, dict[str, tuple[bytes, float]]] = {}
         self._watchers: list[Watcher] = []
         self._open = False
 
@@ -103,3 +113,44 @@ class MemoryStore:
 
     def on_resync(self, callback: Resync) -> None:
         """Nothing is ever missed in one process."""
+
+    async def claim(self, name: str, holder: str, ttl_s: float) -> Lease:
+        self._check_open()
+        check_lease(name, holder, ttl_s)
+        now = self.clock.now()
+        held = self._leases.get(name)
+        if held is None or held[1] <= now or held[0] == holder:
+            held = self._leases[name] = (holder, now + ttl_s)
+        return Lease(held[0], held[1] - now)
+
+    async def release(self, name: str, holder: str) -> bool:
+        self._check_open()
+        check_lease(name, holder)
+        held = self._leases.get(name)
+        if held is None or held[0] != holder or held[1] <= self.clock.now():
+            return False
+        del self._leases[name]
+        return True
+
+    async def announce(self, group: str, key: str, value: Any, ttl_s: float) -> None:
+        self._check_open()
+        check_lease(group, key, ttl_s)
+        text = encode_value("replica", key, value)  # the JSON check every value gets
+        self._presence.setdefault(group, {})[key] = (text, self.clock.now() + ttl_s)
+
+    async def withdraw(self, group: str, key: str) -> None:
+        self._check_open()
+        self._presence.get(group, {}).pop(key, None)
+
+    async def live(self, group: str) -> dict[str, Any]:
+        self._check_open()
+        now = self.clock.now()
+        entries = self._presence.get(group, {})
+        for key in [k for k, (_, until) in entries.items() if until <= now]:
+            del entries[key]
+        return {key: decode_value(group, key, text) for key, (text, _) in entries.items()}
+
+    async def records(self, kind: Kind) -> dict[str, Any]:
+        self._check_open()
+        check_runtime_kind(kind)
+        return {key: decode_value(kind, key, text) for key, text in self._data[kind].items()}

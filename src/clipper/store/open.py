@@ -40,7 +40,7 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
 def open_memory(url: str, clock: Clock | None = None) -> Store:
     if url.partition("://")[2]:
         raise bad_url(f"memory store URL takes nothing after 'memory://', got {url!r}")
-    return MemoryStore()
+    return MemoryStore(clock=clock)
 
 
 def open_sqlite(url: str, clock: Clock | None = None) -> Store:

@@ -20,6 +20,14 @@ whose owner loads the snapshot again and applies the difference. An event older 
 store already holds for a key (it raced a later commit) is dropped, so a late event never reverts
 a newer value.
 
+Leases are keys ``P:lease:<name>`` holding the holder's id with an expiry the server counts
+(``SET ... PX`` inside a script that also renews when the caller holds it): frontends on
+different machines agree because none of their clocks is asked. Presence is a sorted set
+``P:live:<group>`` (member = key, score = the server time in ms it expires) with the values in
+the hash ``P:live:<group>:values``; a script stamps and reads them by the server's ``TIME``.
+Runtime records (kind ``replica``) are a hash like the others; their commits carry events that
+watchers never get (they are not configuration).
+
 Selection states keep no write order in Redis (a hash has none, and a second structure per write
 would double what they cost): :meth:`RedisStore.state_users` lists an application's users with
 HSCAN (a bounded step per call, never KEYS or HGETALL), in the server's scan order.
@@ -40,11 +48,11 @@ from clipper.clock import Clock, MonotonicClock, sleep, wait_for
 from clipper.errors import ConfigError
 from clipper.store.base import (
     CONFIG_KINDS,
-    KINDS,
     STATE_PAGE,
     Delete,
     DeletePrefix,
     Kind,
+    Lease,
     Op,
     Put,
     Resync,
@@ -53,9 +61,12 @@ from clipper.store.base import (
     StoreEvent,
     Watcher,
     check_kind,
+    check_lease,
     check_ops,
+    check_runtime_kind,
     decode_value,
     empty_snapshot,
+    encode_value,
     redact_url,
 )
 
@@ -86,6 +97,52 @@ for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
 end
 return n
 """
+
+# Takes the lease KEYS[1] for ARGV[1] (ARGV[2] ms) when it is free, renews it when ARGV[1]
+# holds it; returns {holder, ms left}. One script: no other claim falls between the read and
+# the write.
+_CLAIM_LUA: Final = """
+local cur = redis.call('GET', KEYS[1])
+if (not cur) or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {ARGV[1], tonumber(ARGV[2])}
+end
+return {cur, redis.call('PTTL', KEYS[1])}
+"""
+_RELEASE_LUA: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+# Presence by the server's clock: KEYS[1] the expiry set, KEYS[2] the values.
+_NOW_MS_LUA: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+_ANNOUNCE_LUA: Final = (
+    _NOW_MS_LUA
+    + """
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+)
+_LIVE_LUA: Final = (
+    _NOW_MS_LUA
+    + """
+for _, k in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  redis.call('HDEL', KEYS[2], k)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local out = {}
+for _, k in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  table.insert(out, k)
+  table.insert(out, redis.call('HGET', KEYS[2], k) or '')
+end
+return out
+"""
+)
 
 
 class RedisStore:
@@ -280,7 +337,7 @@ class RedisStore:
         rev = int(results[-2])
         for op, _ in checked:
             # Selection states are never watched (and may be millions): not tracked.
-            if not isinstance(op, DeletePrefix) and op.kind != "state":
+            if not isinstance(op, DeletePrefix) and op.kind in CONFIG_KINDS:
                 self._key_rev[(op.kind, op.key)] = rev
         self._seen(rev)
 
@@ -315,6 +372,55 @@ class RedisStore:
 
     def on_resync(self, callback: Resync) -> None:
         self._resyncs.append(callback)
+
+    async def claim(self, name: str, holder: str, ttl_s: float) -> Lease:
+        check_lease(name, holder, ttl_s)
+        ms = max(1, round(ttl_s * 1000))
+        with self._failing(f"claim of lease {name!r}"):
+            found = await self._live().eval(
+                _CLAIM_LUA, 1, f"{self.prefix}:lease:{name}", holder, str(ms)
+            )
+        who, left = found
+        return Lease(str(who), max(0.0, int(left) / 1000))
+
+    async def release(self, name: str, holder: str) -> bool:
+        check_lease(name, holder)
+        with self._failing(f"release of lease {name!r}"):
+            done = await self._live().eval(_RELEASE_LUA, 1, f"{self.prefix}:lease:{name}", holder)
+        return bool(done)
+
+    def _presence(self, group: str) -> tuple[str, str]:
+        return f"{self.prefix}:live:{group}", f"{self.prefix}:live:{group}:values"
+
+    async def announce(self, group: str, key: str, value: Any, ttl_s: float) -> None:
+        check_lease(group, key, ttl_s)
+        text = encode_value("replica", key, value).decode()
+        ms = max(1, round(ttl_s * 1000))
+        with self._failing(f"announce of {group} {key!r}"):
+            await self._live().eval(_ANNOUNCE_LUA, 2, *self._presence(group), key, text, str(ms))
+
+    async def withdraw(self, group: str, key: str) -> None:
+        expiry, values = self._presence(group)
+        with self._failing(f"withdrawal of {group} {key!r}"):
+            async with self._live().pipeline(transaction=True) as pipe:
+                pipe.zrem(expiry, key)
+                pipe.hdel(values, key)
+                await pipe.execute()
+
+    async def live(self, group: str) -> dict[str, Any]:
+        with self._failing(f"reading the live {group}"):
+            flat = await self._live().eval(_LIVE_LUA, 2, *self._presence(group))
+        out: dict[str, Any] = {}
+        for key, text in zip(flat[::2], flat[1::2], strict=True):
+            if text:  # an entry whose value went missing is not live
+                out[str(key)] = decode_value(group, str(key), text)
+        return out
+
+    async def records(self, kind: Kind) -> dict[str, Any]:
+        check_runtime_kind(kind)
+        with self._failing(f"reading the {kind} records"):
+            fields = await self._live().hgetall(self._hash(kind))
+        return {str(key): decode_value(kind, str(key), text) for key, text in fields.items()}
 
     def _resync(self, why: str) -> None:
         log.info("redis store %s: reloading (%s)", redact_url(self.url), why)
@@ -370,10 +476,7 @@ class RedisStore:
             events = [
                 StoreEvent(op["kind"], op["key"], op["value"])
                 for op in ops
-                if "key" in op
-                and op["kind"] in KINDS
-                and op["kind"] != "state"
-                and isinstance(op["key"], str)
+                if "key" in op and op["kind"] in CONFIG_KINDS and isinstance(op["key"], str)
             ]
         except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):
             log.warning("redis store %s: ignoring malformed event %r", self.channel, data)

@@ -14,6 +14,11 @@ on that thread, and the single FIFO worker applies writes in the order they were
 One frontend per state directory: SQLite has no change notification between processes, so
 callbacks given to :meth:`SqliteStore.watch` are kept but never called.
 
+Leases and presence (frontends of one machine sharing the file: ``--workers``) are rows of their
+own tables, each claim one IMMEDIATE transaction that reads and writes under the file's write
+lock, timed by the wall clock (the processes sharing the file share it; a monotonic clock is
+per process). They are not configuration and never in :meth:`SqliteStore.load`.
+
 Write order of selection states (schema 2): each state row carries ``seq``, one more than the
 largest stored, set by every write of it, with a partial index on it; listing an application's
 users least recently written first (:meth:`SqliteStore.state_users`) walks that index a page at
@@ -26,6 +31,7 @@ import asyncio
 import functools
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
@@ -36,6 +42,7 @@ from clipper.store.base import (
     Delete,
     DeletePrefix,
     Kind,
+    Lease,
     Op,
     Put,
     Resync,
@@ -43,9 +50,12 @@ from clipper.store.base import (
     StoreError,
     Watcher,
     check_kind,
+    check_lease,
     check_ops,
+    check_runtime_kind,
     decode_value,
     empty_snapshot,
+    encode_value,
 )
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore"]
@@ -77,8 +87,13 @@ _STATE_PAGE_SQL: Final = (
 
 
 class SqliteStore:
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, wall: Callable[[], float] = time.time
+    ) -> None:
         self.path = os.fspath(path)
+        # Leases and presence expire by this (seconds since the epoch): every process that
+        # shares the file reads the same one. Injected by tests.
+        self._wall = wall
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
         self._watchers: list[Watcher] = []
@@ -169,6 +184,31 @@ class SqliteStore:
     def on_resync(self, callback: Resync) -> None:
         """One frontend per file: nothing to miss."""
 
+    async def claim(self, name: str, holder: str, ttl_s: float) -> Lease:
+        check_lease(name, holder, ttl_s)
+        return await self._call(self._claim_sync, name, holder, ttl_s)
+
+    async def release(self, name: str, holder: str) -> bool:
+        check_lease(name, holder)
+        return await self._call(self._release_sync, name, holder)
+
+    async def announce(self, group: str, key: str, value: Any, ttl_s: float) -> None:
+        check_lease(group, key, ttl_s)
+        text = encode_value("replica", key, value).decode()
+        await self._call(self._announce_sync, group, key, text, ttl_s)
+
+    async def withdraw(self, group: str, key: str) -> None:
+        await self._call(self._withdraw_sync, group, key)
+
+    async def live(self, group: str) -> dict[str, Any]:
+        rows = await self._call(self._live_sync, group)
+        return {key: decode_value(group, key, text) for key, text in rows}
+
+    async def records(self, kind: Kind) -> dict[str, Any]:
+        check_runtime_kind(kind)
+        rows = await self._call(self._records_sync, kind)
+        return {key: decode_value(kind, key, text) for key, text in rows}
+
     # --- on the worker thread only ---------------------------------------------------------
 
     def _db(self) -> sqlite3.Connection:
@@ -202,6 +242,15 @@ class SqliteStore:
                 "put the state directory on a local filesystem"
             )
         conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS clipper_lease ("
+            " name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL)"
+        )
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS clipper_presence ("
+            " grp TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
+            " expires_at REAL NOT NULL, PRIMARY KEY (grp, key))"
+        )
         conn.execute(
             "CREATE TABLE IF NOT EXISTS clipper_store ("
             " kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, seq INTEGER,"
@@ -273,6 +322,66 @@ class SqliteStore:
     def _state_page_sync(self, prefix: str, after: int, limit: int) -> list[tuple[str, int]]:
         cur = self._db().execute(_STATE_PAGE_SQL, (after, len(prefix), prefix, limit))
         return [(str(key), int(seq)) for key, seq in cur.fetchall()]
+
+    def _claim_sync(self, name: str, holder: str, ttl_s: float) -> Lease:
+        db = self._db()
+        # IMMEDIATE: the read and the write under one write lock, so two processes claiming at
+        # once cannot both see the lease free.
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            now = self._wall()
+            row = db.execute(
+                "SELECT holder, expires_at FROM clipper_lease WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None or float(row[1]) <= now or row[0] == holder:
+                db.execute(
+                    "INSERT INTO clipper_lease (name, holder, expires_at) VALUES (?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
+                    " expires_at = excluded.expires_at",
+                    (name, holder, now + ttl_s),
+                )
+                lease = Lease(holder, ttl_s)
+            else:
+                lease = Lease(str(row[0]), float(row[1]) - now)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return lease
+
+    def _release_sync(self, name: str, holder: str) -> bool:
+        cur = self._db().execute(
+            "DELETE FROM clipper_lease WHERE name = ? AND holder = ? AND expires_at > ?",
+            (name, holder, self._wall()),
+        )
+        return cur.rowcount > 0
+
+    def _announce_sync(self, group: str, key: str, text: str, ttl_s: float) -> None:
+        self._db().execute(
+            "INSERT INTO clipper_presence (grp, key, value, expires_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (grp, key) DO UPDATE SET value = excluded.value,"
+            " expires_at = excluded.expires_at",
+            (group, key, text, self._wall() + ttl_s),
+        )
+
+    def _withdraw_sync(self, group: str, key: str) -> None:
+        self._db().execute("DELETE FROM clipper_presence WHERE grp = ? AND key = ?", (group, key))
+
+    def _live_sync(self, group: str) -> list[tuple[str, str]]:
+        db = self._db()
+        now = self._wall()
+        # Expired entries go as they are read: the table holds live frontends and a few more.
+        db.execute("DELETE FROM clipper_presence WHERE grp = ? AND expires_at <= ?", (group, now))
+        cur = db.execute(
+            "SELECT key, value FROM clipper_presence WHERE grp = ? AND expires_at > ?",
+            (group, now),
+        )
+        return [(str(k), str(v)) for k, v in cur.fetchall()]
+
+    def _records_sync(self, kind: str) -> list[tuple[str, str]]:
+        cur = self._db().execute("SELECT key, value FROM clipper_store WHERE kind = ?", (kind,))
+        return [(str(k), str(v)) for k, v in cur.fetchall()]
 
     def _commit_sync(self, checked: list[tuple[Op, bytes | None]]) -> None:
         db = self._db()
