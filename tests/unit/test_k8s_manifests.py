@@ -36,7 +36,7 @@ HAS_VALIDATE = importlib.util.find_spec("kubernetes_validate") is not None
 K8S_VERSION = "1.37.0"
 FE0 = "tcp://clipper-frontend-0.clipper-frontend.ns.svc.cluster.local:7000"
 FE1 = "tcp://clipper-frontend-1.clipper-frontend.ns.svc.cluster.local:7000"
-SHARED = {"store": "redis://redis:6379/0", "artifacts_storage_class": "nfs-client"}
+SHARED: dict[str, Any] = {"store": "redis://redis:6379/0", "artifacts_storage_class": "nfs-client"}
 
 
 @pytest.fixture(scope="module")
