@@ -416,17 +416,23 @@ class KubernetesManager:
         if await self._read(self._core.read_namespaced_secret, CLIENT_KEYS_SECRET, ns) is None:
             files = ("server.key", "client.key_secret")
             data = {f: (self._rpc_keys / f).read_text() for f in files}
-            await self._call(
-                self._core.create_namespaced_secret,
-                ns,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": CLIENT_KEYS_SECRET, "namespace": ns},
-                    "type": "Opaque",
-                    "stringData": data,
-                },
-            )
+            from kubernetes.client.exceptions import ApiException
+
+            try:
+                await self._call(
+                    self._core.create_namespaced_secret,
+                    ns,
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Secret",
+                        "metadata": {"name": CLIENT_KEYS_SECRET, "namespace": ns},
+                        "type": "Opaque",
+                        "stringData": data,
+                    },
+                )
+            except ApiException as e:
+                if e.status != 409:  # another frontend made it since (the same keys)
+                    raise
         self._secret_ready = True
 
     async def stop_all(self) -> None:
