@@ -95,6 +95,8 @@ def test_a_replica_deployment_dials_every_frontend_with_the_replica_key() -> Non
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["CLIPPER_FRONTENDS"] == FE1
     assert env["CLIPPER_SHARED"] == "1"
+    # Longer than the kubelet's restart back-off takes to reset (10 minutes of running).
+    assert float(env["CLIPPER_ORPHAN_TIMEOUT_S"]) > 600
     # One frontend: nothing beyond --ip/--port to dial.
     one = replica_deployment(s, replica())["spec"]["template"]["spec"]["containers"][0]
     assert "CLIPPER_FRONTENDS" not in {e["name"] for e in one["env"]}

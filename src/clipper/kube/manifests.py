@@ -90,6 +90,11 @@ FRONTEND_SET = "clipper-frontend"
 ADMIN_CLIENT_LABEL = "clipper-serve/admin-client"
 KEYS_MOUNT = "/etc/clipper/rpc-keys"
 STATE_MOUNT = "/var/lib/clipper"
+# How long a replica pod waits with no frontend heard from before it exits. Long, unlike the
+# container's default: its Deployment restarts it at once, so exiting cleans nothing up; short
+# runs would only cycle it into the kubelet's restart back-off (up to 5 minutes, reset after 10
+# minutes of running) and delay its return once a frontend is back.
+_ORPHAN_TIMEOUT_S = 3600
 # The state directory's artifact directories (clipper.runtime.artifacts): on the shared volume.
 ARTIFACT_DIRS = ("uploads", "models")
 CONTAINER_READY_PORT = 9100
@@ -369,6 +374,7 @@ def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
             # A pod is no frontend's child: it outlives a frontend's restart (adopted), and
             # exits (restarted by its Deployment) only when no frontend is heard from.
             {"name": "CLIPPER_SHARED", "value": "1"},
+            {"name": "CLIPPER_ORPHAN_TIMEOUT_S", "value": str(_ORPHAN_TIMEOUT_S)},
             *_WRITABLE_ENV,
             *({"name": k, "value": v} for k, v in sorted(s.extra_env.items())),
         ],
