@@ -22,6 +22,7 @@ frontend) against the same emulator:
 * a restarted frontend ensuring what exists writes nothing (the same spec hash: no pod churn);
 * the owner handover: the second frontend, ensuring after the first stopped, scales the same
   Deployment (its template untouched) and deletes it with ``ensure(mv, 0)``;
+* a different spec (fewer frontends) replaces the same Deployment's template whole;
 * the per-frontend Deployments an earlier clipper-serve made are replaced.
 
 Runs with ``-m k8s`` in ``.ci/run``'s Kubernetes environment (the ``[kubernetes]`` extra and
@@ -383,6 +384,35 @@ async def test_the_next_owner_scales_the_same_deployment(api: tuple[Any, str], k
         assert stored(emulator, "poddisruptionbudgets") == {}
     finally:
         await successor.stop_all()
+
+
+async def test_a_new_spec_replaces_the_template_of_the_same_deployment(
+    api: tuple[Any, str], keys: Path
+) -> None:
+    """Re-rendered for one frontend and no GPU: the Deployment's spec is rewritten whole, the
+    other frontend's address and the GPU limit gone (not merged into what was there)."""
+    emulator, url = api
+    two = frontend(url, keys, host="10.0.0.1", dial="frontends=2&gpus=1")
+    await two.ensure(version(), 2)
+    await two.stop_all()
+    [(name, dep)] = stored(emulator, "deployments").items()
+    old_hash = dep["metadata"]["annotations"]["clipper-serve/spec-hash"]
+    [c] = dep.raw["spec"]["template"]["spec"]["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    one = frontend(url, keys, host="10.0.0.1", dial="frontends=1")
+    try:
+        await one.ensure(version(), 2)
+    finally:
+        await one.stop_all()
+    [(same, dep)] = stored(emulator, "deployments").items()
+    assert same == name
+    assert dep["metadata"]["annotations"]["clipper-serve/spec-hash"] != old_hash
+    [c] = dep.raw["spec"]["template"]["spec"]["containers"]
+    assert "CLIPPER_FRONTENDS" not in {e["name"] for e in c["env"]}
+    assert c["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
+    assert dep.raw["spec"]["replicas"] == 2
+    if HAS_VALIDATE:
+        validate(as_applied(copy.deepcopy(dep.raw)))
 
 
 async def test_per_frontend_deployments_of_an_earlier_release_are_replaced(

@@ -103,7 +103,7 @@ def test_a_replica_deployment_dials_every_frontend_with_the_replica_key() -> Non
     assert "--fetch-artifact" in args  # never the frontend's disk
     assert args[args.index("--replica-token") + 1] == "$(POD_NAME)"
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     [keys] = [v for v in pod["volumes"] if v["name"] == "rpc-keys"]
     assert keys["secret"]["secretName"] == CLIENT_KEYS_SECRET
     assert keys["secret"]["defaultMode"] == 0o400

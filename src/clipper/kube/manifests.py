@@ -266,7 +266,7 @@ def _resources(s: KubeSettings) -> dict[str, Any]:
     amounts: dict[str, Any] = {"cpu": s.replica_cpu, "memory": s.replica_memory}
     limits = dict(amounts)
     if s.replica_gpus:
-        limits["nvidia.com/gpu"] = s.replica_gpus
+        limits["nvidia.com/gpu"] = str(s.replica_gpus)  # a quantity: the client refuses an int
     return {"requests": amounts, "limits": limits}
 
 

@@ -285,10 +285,21 @@ class KubernetesManager:
         have = int(current.get("spec", {}).get("replicas") or 0)
         if replicas < have:
             await self._drain_pods(mv, have - replicas)
-        if (current["metadata"].get("annotations") or {}).get(_SPEC_HASH) != body["metadata"][
-            "annotations"
-        ][_SPEC_HASH]:
-            await self._call(self._apps.patch_namespaced_deployment, name, ns, body)
+        found = (current["metadata"].get("annotations") or {}).get(_SPEC_HASH)
+        if found != body["metadata"]["annotations"][_SPEC_HASH]:
+            # The spec rewritten whole: a strategic merge (the client's default for a dict)
+            # would keep what the new spec no longer has (an env var, a volume, a GPU limit).
+            patch = {
+                "metadata": {k: body["metadata"][k] for k in ("labels", "annotations")},
+                "spec": _merge_patch(current.get("spec") or {}, body["spec"]),
+            }
+            await self._call(
+                self._apps.patch_namespaced_deployment,
+                name,
+                ns,
+                patch,
+                _content_type="application/merge-patch+json",
+            )
             log.info("Deployment %s/%s: new spec, %d -> %d replicas", ns, name, have, replicas)
         elif replicas != have:
             await self._call(
@@ -580,6 +591,18 @@ def _pod_state(
     if restarts and "waiting" in (cstatus.get("state") or {}):
         return "restarting"
     return "starting"
+
+
+def _merge_patch(have: Any, want: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``have`` into ``want``: a key ``want`` lacks
+    is null (removed; the API server defaults again what it defaulted), lists and values are
+    replaced whole, objects patched key by key."""
+    if not isinstance(have, dict) or not isinstance(want, dict):
+        return want
+    patch: dict[str, Any] = dict.fromkeys(have.keys() - want.keys())
+    for key, value in want.items():
+        patch[key] = _merge_patch(have.get(key), value)
+    return patch
 
 
 def _spec_hash(body: dict[str, Any]) -> str:
