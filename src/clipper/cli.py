@@ -220,6 +220,21 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _k8s_delete_replicas(args: argparse.Namespace) -> int:
+    from clipper.kube.manifests import KubeSettings
+    from clipper.managers.kubernetes import delete_replicas
+
+    conn = {k: v for k, v in (("api", args.api), ("context", args.context)) if v}
+    try:
+        names = delete_replicas(KubeSettings(namespace=args.namespace), conn)
+    except ClipperError as e:
+        print(f"clipper k8s delete-replicas: {e}", file=sys.stderr)
+        return 2
+    listed = ", ".join(names) or "none"
+    print(f"deleted {len(names)} replica Deployment(s) in {args.namespace}: {listed}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     _env_defaults(parser)
@@ -228,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "start":
             return _start(args)
         if args.command == "k8s":
+            if args.action == "delete-replicas":
+                return _k8s_delete_replicas(args)
             return render_command(args)
         return run_command(args)
     except KeyboardInterrupt:

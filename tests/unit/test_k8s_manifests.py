@@ -24,6 +24,7 @@ from clipper.kube.manifests import (
     KubeSettings,
     ReplicaSpec,
     dns_label,
+    frontend_addresses,
     frontend_objects,
     replica_budget,
     replica_deployment,
@@ -33,6 +34,9 @@ from clipper.kube.render import read_admin_token, read_keys
 
 HAS_VALIDATE = importlib.util.find_spec("kubernetes_validate") is not None
 K8S_VERSION = "1.37.0"
+FE0 = "tcp://clipper-frontend-0.clipper-frontend.ns.svc.cluster.local:7000"
+FE1 = "tcp://clipper-frontend-1.clipper-frontend.ns.svc.cluster.local:7000"
+SHARED: dict[str, Any] = {"store": "redis://redis:6379/0", "artifacts_storage_class": "nfs-client"}
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +46,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def replica(**kw: Any) -> ReplicaSpec:
     spec: dict[str, Any] = {
-        "frontend": "clipper-frontend-0",
-        "frontend_host": "clipper-frontend-0.clipper-frontend.ns.svc.cluster.local",
-        "frontend_port": 7000,
+        "frontends": (FE0,),
         "model": "digits",
         "version": "1",
         "input_type": "doubles",
@@ -64,24 +66,44 @@ def test_names_are_dns_labels_stable_and_distinct() -> None:
     assert long == dns_label("clipper", "fe-0", "A_Model.Name" * 10, "v1")
     # Names that sanitise alike still differ: the hash is of the exact names.
     assert dns_label("m", "A.b") != dns_label("m", "a-b")
-    name = replica_deployment_name("clipper-frontend-0", "digits", "1")
-    assert name == replica_deployment_name("clipper-frontend-0", "digits", "1")
-    assert name != replica_deployment_name("clipper-frontend-1", "digits", "1")
-    assert len(replica_deployment_name("f" * 60, "m" * 120, "v" * 120)) <= 53
+    # One name per model version for the whole deployment: no frontend in it.
+    name = replica_deployment_name("digits", "1")
+    assert name == "clipper-digits-1" == replica_deployment_name("digits", "1")
+    assert name != replica_deployment_name("digits", "2")
+    # A '-' in a model name cannot make two versions share a name.
+    assert replica_deployment_name("a-b", "c") != replica_deployment_name("a", "b-c")
+    assert len(replica_deployment_name("m" * 120, "v" * 120)) <= 53
+    assert len(replica_deployment_name("m-" * 60, "v" * 120)) <= 53
 
 
-def test_a_replica_deployment_dials_its_frontend_with_the_replica_key() -> None:
+def test_a_replica_deployment_dials_every_frontend_with_the_replica_key() -> None:
     s = KubeSettings(namespace="ns", image="reg/clipper:1", replica_gpus=1)
-    dep = replica_deployment(s, replica())
+    dep = replica_deployment(s, replica(frontends=(FE0, FE1)))
+    assert dep["metadata"]["name"] == "clipper-digits-1"
+    assert "clipper-serve/frontend" not in dep["metadata"]["labels"]
     assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
     [c] = pod["containers"]
     args = c["args"]
-    assert args[args.index("--ip") + 1] == replica().frontend_host
+    # The first frontend by flags (an older container serves it), the others and shared mode
+    # by environment (an older container ignores them rather than refusing a flag).
+    assert (
+        args[args.index("--ip") + 1] == "clipper-frontend-0.clipper-frontend.ns.svc.cluster.local"
+    )
+    assert args[args.index("--port") + 1] == "7000"
+    assert "--frontend" not in args and "--shared" not in args and "--parent-pid" not in args
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["CLIPPER_FRONTENDS"] == FE1
+    assert env["CLIPPER_SHARED"] == "1"
+    # Longer than the kubelet's restart back-off takes to reset (10 minutes of running).
+    assert float(env["CLIPPER_ORPHAN_TIMEOUT_S"]) > 600
+    # One frontend: nothing beyond --ip/--port to dial.
+    one = replica_deployment(s, replica())["spec"]["template"]["spec"]["containers"][0]
+    assert "CLIPPER_FRONTENDS" not in {e["name"] for e in one["env"]}
     assert "--fetch-artifact" in args  # never the frontend's disk
     assert args[args.index("--replica-token") + 1] == "$(POD_NAME)"
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     [keys] = [v for v in pod["volumes"] if v["name"] == "rpc-keys"]
     assert keys["secret"]["secretName"] == CLIENT_KEYS_SECRET
     assert keys["secret"]["defaultMode"] == 0o400
@@ -122,7 +144,9 @@ def test_a_stopping_frontend_pod_has_the_time_to_drain(keys: dict[str, str]) -> 
 def test_frontends_get_stable_identities_and_the_rbac_their_manager_needs(
     keys: dict[str, str],
 ) -> None:
-    s = KubeSettings(namespace="prod", frontends=3, store="redis://redis:6379/0")
+    from clipper.managers.kubernetes import parse_url
+
+    s = KubeSettings(namespace="prod", frontends=3, **SHARED)
     objs = by_kind(frontend_objects(s, keys))
     sts = objs[("StatefulSet", "clipper-frontend")]
     assert sts["spec"]["replicas"] == 3
@@ -133,6 +157,18 @@ def test_frontends_get_stable_identities_and_the_rbac_their_manager_needs(
     config = objs[("ConfigMap", "clipper-config")]["data"]
     assert config["CLIPPER_STORE"] == "redis://redis:6379/0"
     assert config["CLIPPER_MANAGER"].startswith("k8s://prod?")
+    # The manager it configures dials all 3 frontends, by the names they advertise (a replica
+    # told the addresses by a frontend has a link to each already).
+    settings, _ = parse_url(config["CLIPPER_MANAGER"].removeprefix("k8s://"))
+    assert settings.frontend_pods == 3
+    advertised = [
+        env["CLIPPER_ADVERTISE_HOST"]["value"].replace("$(POD_NAME)", f"clipper-frontend-{i}")
+        for i in range(3)
+    ]
+    rpc_port = int(config["CLIPPER_RPC_PORT"])
+    assert frontend_addresses(settings, 3, rpc_port) == tuple(
+        f"tcp://{host}:{rpc_port}" for host in advertised
+    )
     verbs = {
         (g, r): rule["verbs"]
         for rule in objs[("Role", "clipper-frontend")]["rules"]
@@ -147,6 +183,7 @@ def test_frontends_get_stable_identities_and_the_rbac_their_manager_needs(
     ("kw", "message"),
     [
         ({"frontends": 2}, "need a shared store"),
+        ({"frontends": 2, "store": "redis://r:6379/0"}, "ReadWriteMany"),
         ({"namespace": "Not_A_Label"}, "DNS-1123"),
         ({"frontends": 0}, "frontends must be >= 1"),
         ({"replica_gpus": -1}, "GPUs must be >= 0"),
@@ -401,7 +438,7 @@ def everything(keys: dict[str, str]) -> list[dict[str, Any]]:
     s = KubeSettings(
         namespace="prod",
         frontends=2,
-        store="redis://redis:6379/0",
+        **SHARED,
         replica_gpus=1,
         frontend_cpu_limit="1",
         admin_namespace="ops",
@@ -410,7 +447,7 @@ def everything(keys: dict[str, str]) -> list[dict[str, Any]]:
     return [
         *frontend_objects(s, keys, "a" * 43),
         *frontend_objects(KubeSettings(), None),
-        replica_deployment(s, replica()),
+        replica_deployment(s, replica(frontends=(FE0, FE1))),
         long,
         replica_budget(s, long),
     ]
@@ -421,7 +458,9 @@ def everything(keys: dict[str, str]) -> list[dict[str, Any]]:
 def test_every_rendered_object_passes_strict_validation(keys: dict[str, str]) -> None:
     objs = everything(keys)
     kinds = {o["kind"] for o in objs}
-    assert {"PodDisruptionBudget", "NetworkPolicy", "Secret", "StatefulSet"} <= kinds
+    assert {
+        "PodDisruptionBudget", "NetworkPolicy", "Secret", "StatefulSet", "PersistentVolumeClaim",
+    } <= kinds  # fmt: skip
     for obj in objs:
         validate(obj)
 
@@ -462,3 +501,63 @@ def test_the_manager_url_carries_the_pods_user() -> None:
         parse_url("prod?uid=0")
     with pytest.raises(ConfigError, match="k8s://prod"):
         parse_url("prod?uid=nobody")
+
+
+def test_many_frontends_share_one_read_write_many_artifacts_volume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each frontend's uploads/ and models/ are the same directories: a replica fetches its
+    artifact from the first frontend whichever one it was uploaded to."""
+    objs = by_kind(frontend_objects(KubeSettings(frontends=2, **SHARED), None))
+    claim = objs[("PersistentVolumeClaim", "clipper-artifacts")]["spec"]
+    assert claim["accessModes"] == ["ReadWriteMany"]
+    assert claim["storageClassName"] == "nfs-client"
+    pod = objs[("StatefulSet", "clipper-frontend")]["spec"]["template"]["spec"]
+    [vol] = [v for v in pod["volumes"] if v["name"] == "artifacts"]
+    assert vol["persistentVolumeClaim"]["claimName"] == "clipper-artifacts"
+    [c] = pod["containers"]
+    state = c["volumeMounts"][0]
+    assert state["name"] == "state"
+    shared = {m["mountPath"]: m["subPath"] for m in c["volumeMounts"] if m["name"] == "artifacts"}
+    assert shared == {
+        f"{state['mountPath']}/uploads": "uploads",
+        f"{state['mountPath']}/models": "models",
+    }
+    # One frontend keeps them on its own state volume unless a class is given.
+    single = by_kind(frontend_objects(KubeSettings(), None))
+    assert not any(kind == "PersistentVolumeClaim" for kind, _ in single)
+    # The render command: refused without the class, rendered with it.
+    shared_store = ["k8s", "render", "--frontends", "2", "--store", "redis://r:6379/0"]
+    assert main([*shared_store, "--keep-secrets"]) == 2
+    assert "--artifacts-storage-class" in capsys.readouterr().err
+    out = tmp_path / "m.yaml"
+    rc = main([*shared_store, "--keep-secrets", "--artifacts-storage-class", "cephfs",
+               "--artifacts-size", "50Gi", "-o", str(out)])  # fmt: skip
+    assert rc == 0
+    docs = list(yaml.safe_load_all(out.read_text()))
+    [pvc] = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert pvc["spec"]["storageClassName"] == "cephfs"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    kinds = [d["kind"] for d in docs]
+    assert kinds.index("PersistentVolumeClaim") < kinds.index("StatefulSet")  # apply order
+
+
+def test_the_manager_url_says_which_frontends_the_replicas_dial() -> None:
+    from clipper.managers.kubernetes import parse_url
+
+    settings, _ = parse_url("prod?frontends=3")
+    assert (settings.frontend_pods, settings.dial) == (3, ())
+    settings, _ = parse_url("prod?frontend=tcp://a:7001&frontend=tcp://b:7002,tcp://c:7003")
+    assert settings.dial == ("tcp://a:7001", "tcp://b:7002", "tcp://c:7003")
+    assert parse_url("prod")[0].dial == () and parse_url("prod")[0].frontend_pods == 0
+    for bad, message in [
+        ("prod?frontends=0", "frontends must be >= 1"),
+        ("prod?frontends=two", "k8s://prod"),
+        ("prod?frontends=2&frontend=tcp://a:1", "not both"),
+        ("prod?frontend=a:7001", "tcp://HOST:PORT"),
+        ("prod?frontend=tcp://a:http", "tcp://HOST:PORT"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_url(bad)
+    with pytest.raises(ConfigError, match="at least one frontend"):
+        replica(frontends=())

@@ -25,7 +25,6 @@ async def test_the_pod_listing_is_refreshed_every_poll_interval_on_the_clock(
     manager = KubernetesManager(
         settings,
         conn,
-        node_id=lambda: "fe",
         rpc_host=lambda: "127.0.0.1",
         rpc_port=lambda: 7000,
         rpc_keys=None,

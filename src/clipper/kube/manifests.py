@@ -6,12 +6,19 @@ Two kinds of object come from here:
   so each has a stable name, node id and DNS name that its replicas dial), their Services, the
   RBAC that lets a frontend manage its replicas' Deployments, the frontends' configuration
   (a ConfigMap of ``CLIPPER_*`` settings), the RPC keys (two Secrets: the frontends' and the
-  replicas') and the admin token (a Secret), a PodDisruptionBudget and the NetworkPolicies;
+  replicas') and the admin token (a Secret), a PodDisruptionBudget, the NetworkPolicies and
+  (``--artifacts-storage-class``) the frontends' shared artifacts volume;
 * what the :class:`~clipper.managers.kubernetes.KubernetesManager` creates at run time: one
-  Deployment per model version per frontend, whose pods run ``python -m clipper.container``
-  with the artifact fetched from their frontend, a readiness probe on the container's
-  ``/ready``, the replica key mounted from its Secret, and the frontend's resources settings;
-  and its PodDisruptionBudget.
+  Deployment per model version for the whole deployment (not per frontend), whose pods run
+  ``python -m clipper.container`` in shared mode, dialing every frontend, with the artifact
+  fetched from the first, a readiness probe on the container's ``/ready``, the replica key
+  mounted from its Secret, and the frontend's resources settings; and its
+  PodDisruptionBudget.
+
+With more than one frontend, the artifacts every frontend serves live on one ReadWriteMany
+volume (``--artifacts-storage-class``), mounted by each frontend at its state directory's
+``uploads/`` and ``models/``: a replica fetches its artifact from whichever frontend it asks,
+and that frontend has it whichever frontend it was uploaded to.
 
 Every pod runs as a non-root user with a read-only root filesystem, no privilege escalation, no
 capabilities and the runtime's default seccomp profile (Pod Security "restricted"); what a
@@ -35,18 +42,22 @@ from clipper.errors import ConfigError
 __all__ = [
     "ADMIN_CLIENT_LABEL",
     "ADMIN_TOKEN_SECRET",
+    "ANNOTATION_MODEL",
+    "ANNOTATION_VERSION",
+    "ARTIFACTS_CLAIM",
     "CLIENT_KEYS_SECRET",
     "CONTAINER_READY_PORT",
-    "LABEL_FRONTEND",
     "LABEL_MODEL",
     "LABEL_VERSION",
     "MANAGED_BY",
+    "REPLICA_LABELS",
     "SERVER_KEYS_SECRET",
     "KubeSettings",
     "ReplicaSpec",
     "admin_token_secret",
     "container_security",
     "dns_label",
+    "frontend_addresses",
     "frontend_objects",
     "key_secrets",
     "network_policies",
@@ -54,10 +65,15 @@ __all__ = [
     "replica_budget",
     "replica_deployment",
     "replica_deployment_name",
+    "split_address",
 ]
 
 MANAGED_BY = "clipper-serve"
-LABEL_FRONTEND = "clipper-serve/frontend"
+# Every replica pod and Deployment of the deployment (whichever frontend created it).
+REPLICA_LABELS = {
+    "app.kubernetes.io/name": "clipper-replica",
+    "app.kubernetes.io/managed-by": MANAGED_BY,
+}
 LABEL_MODEL = "clipper-serve/model"
 LABEL_VERSION = "clipper-serve/version"
 LABEL_SET = "clipper-serve/replica-set"
@@ -66,10 +82,21 @@ ANNOTATION_VERSION = "clipper-serve/model-version"
 SERVER_KEYS_SECRET = "clipper-rpc-server-keys"
 CLIENT_KEYS_SECRET = "clipper-rpc-client-keys"
 ADMIN_TOKEN_SECRET = "clipper-admin-token"
+# The ReadWriteMany claim the frontends share their artifacts on.
+ARTIFACTS_CLAIM = "clipper-artifacts"
+# The frontends' StatefulSet: its pods are <name>-0 .. <name>-(N-1).
+FRONTEND_SET = "clipper-frontend"
 # The pods (in the admin namespace) that the NetworkPolicy lets reach the admin port.
 ADMIN_CLIENT_LABEL = "clipper-serve/admin-client"
 KEYS_MOUNT = "/etc/clipper/rpc-keys"
 STATE_MOUNT = "/var/lib/clipper"
+# How long a replica pod waits with no frontend heard from before it exits. Long, unlike the
+# container's default: its Deployment restarts it at once, so exiting cleans nothing up; short
+# runs would only cycle it into the kubelet's restart back-off (up to 5 minutes, reset after 10
+# minutes of running) and delay its return once a frontend is back.
+_ORPHAN_TIMEOUT_S = 3600
+# The state directory's artifact directories (clipper.runtime.artifacts): on the shared volume.
+ARTIFACT_DIRS = ("uploads", "models")
 CONTAINER_READY_PORT = 9100
 # Owner read only: the RPC key loaders refuse secret files readable by others.
 SECRET_MODE = 0o400
@@ -129,6 +156,15 @@ class KubeSettings:
     drain_timeout_s: float = 20.0
     image_pull_policy: str = "IfNotPresent"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The ReadWriteMany volume the frontends share their artifacts on (needed by more than one
+    # frontend: a replica may fetch from a frontend the artifact was not uploaded to).
+    artifacts_storage_class: str | None = None
+    artifacts_size: str = "10Gi"
+    # The manager's side (``k8s://`` parameters), what every replica dials: the frontends'
+    # StatefulSet pods ``frontends=N`` (their DNS names), or these explicit ``tcp://host:port``
+    # addresses (``frontend=``); neither: the frontend that creates the Deployment.
+    frontend_pods: int = 0
+    dial: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if dns_label(self.namespace) != self.namespace:
@@ -140,6 +176,16 @@ class KubeSettings:
                 f"{self.frontends} frontends need a shared store (--store redis://...): "
                 "each would otherwise keep its own SQLite configuration"
             )
+        if self.frontends > 1 and not self.artifacts_storage_class:
+            raise ConfigError(
+                f"{self.frontends} frontends need a ReadWriteMany volume for the artifacts "
+                "(--artifacts-storage-class CLASS: NFS, CephFS, EFS, Azure Files...): a replica "
+                "fetches its artifact from a frontend it was not necessarily uploaded to"
+            )
+        if self.frontend_pods < 0:
+            raise ConfigError(f"frontends must be >= 1, got {self.frontend_pods}")
+        for address in self.dial:
+            split_address(address)
         if self.replica_gpus < 0:
             raise ConfigError(f"replica GPUs must be >= 0, got {self.replica_gpus}")
         if self.run_as_user < 1:
@@ -155,20 +201,38 @@ class KubeSettings:
     @property
     def frontend_service(self) -> str:
         """The headless Service that gives each frontend pod its DNS name."""
-        return "clipper-frontend"
+        return FRONTEND_SET
 
     def frontend_host(self, pod: str) -> str:
         """The DNS name of frontend pod ``pod``: what its replicas dial."""
         return f"{pod}.{self.frontend_service}.{self.namespace}.svc.cluster.local"
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """``tcp://host:port`` -> (host, port); ConfigError when it is not one."""
+    rest = address.removeprefix("tcp://")
+    host, sep, port = rest.rpartition(":")
+    if rest == address or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"frontend address {address!r} is not tcp://HOST:PORT")
+    return host, int(port)
+
+
+def frontend_addresses(s: KubeSettings, pods: int, rpc_port: int) -> tuple[str, ...]:
+    """The RPC addresses of the StatefulSet's ``pods`` frontends, by their stable DNS names
+    (the names each frontend advertises, so a replica told them by a frontend already has a
+    link to each)."""
+    return tuple(f"tcp://{s.frontend_host(f'{FRONTEND_SET}-{i}')}:{rpc_port}" for i in range(pods))
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaSpec:
-    """One model version's replica Deployment, as a frontend asks for it."""
+    """One model version's replica Deployment: the same whichever frontend asks for it (its
+    hash decides whether a Deployment found is changed), so nothing here names one frontend
+    unless the deployment has just one."""
 
-    frontend: str  # the frontend's node id (its pod name in the StatefulSet)
-    frontend_host: str  # what the replicas dial
-    frontend_port: int  # its RPC port
+    # The RPC addresses (tcp://host:port) every replica dials: the first is --ip/--port (and
+    # where the artifact is fetched from), all of them CLIPPER_FRONTENDS.
+    frontends: tuple[str, ...]
     model: str
     version: str
     input_type: str
@@ -177,27 +241,32 @@ class ReplicaSpec:
     # The frontend checks CURVE keys (the default): mount the replica key Secret.
     auth: bool = True
 
-
-def _labels(frontend: str, model: str, version: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "clipper-replica",
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        LABEL_FRONTEND: dns_label(frontend),
-        LABEL_MODEL: dns_label(model),
-        LABEL_VERSION: dns_label(version),
-    }
+    def __post_init__(self) -> None:
+        if not self.frontends:
+            raise ConfigError("a replica Deployment needs at least one frontend address")
+        for address in self.frontends:
+            split_address(address)
 
 
-def replica_deployment_name(frontend: str, model: str, version: str) -> str:
-    """Stable per (frontend, model, version): a restarted frontend finds its Deployments."""
-    return dns_label("clipper", frontend, model, version, limit=53)
+def _labels(model: str, version: str) -> dict[str, str]:
+    return REPLICA_LABELS | {LABEL_MODEL: dns_label(model), LABEL_VERSION: dns_label(version)}
+
+
+def replica_deployment_name(model: str, version: str) -> str:
+    """Stable per (model, version) for the whole deployment: any frontend, restarted or newly
+    the replica owner, finds the Deployment. A model name with a '-' is hashed into the name
+    too, so that ("a-b", "c") and ("a", "b-c") never share one."""
+    if "-" in model:
+        digest = hashlib.sha256(f"{model}\0{version}".encode()).hexdigest()[:8]
+        return dns_label("clipper", model, version, digest, limit=53)
+    return dns_label("clipper", model, version, limit=53)
 
 
 def _resources(s: KubeSettings) -> dict[str, Any]:
     amounts: dict[str, Any] = {"cpu": s.replica_cpu, "memory": s.replica_memory}
     limits = dict(amounts)
     if s.replica_gpus:
-        limits["nvidia.com/gpu"] = s.replica_gpus
+        limits["nvidia.com/gpu"] = str(s.replica_gpus)  # a quantity: the client refuses an int
     return {"requests": amounts, "limits": limits}
 
 
@@ -260,12 +329,18 @@ def replica_budget(s: KubeSettings, deployment: dict[str, Any]) -> dict[str, Any
 
 
 def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
-    """The Deployment that runs ``r.replicas`` containers of one model version for one
-    frontend. A pod dials its frontend over ZeroMQ with the replica key, fetches the artifact
-    from it (checksummed, cached in an emptyDir), and on SIGTERM — a scale-down or a delete —
-    answers the batches it holds, tells the frontend it leaves and exits (the drain)."""
-    name = replica_deployment_name(r.frontend, r.model, r.version)
-    labels = _labels(r.frontend, r.model, r.version) | {LABEL_SET: name}
+    """The Deployment that runs ``r.replicas`` containers of one model version for every
+    frontend of the deployment. A pod dials each frontend over ZeroMQ with the replica key,
+    fetches the artifact from the first (checksummed, cached in an emptyDir), and on SIGTERM —
+    a scale-down or a delete — answers the batches it holds, tells each frontend it leaves
+    and exits (the drain).
+
+    The other frontends and shared mode go by environment (``CLIPPER_FRONTENDS``,
+    ``CLIPPER_SHARED``), not by flags: an image whose container predates them still starts
+    (and serves the first frontend) instead of refusing an unknown flag."""
+    name = replica_deployment_name(r.model, r.version)
+    labels = _labels(r.model, r.version) | {LABEL_SET: name}
+    host, port = split_address(r.frontends[0])
     args = [
         "-m", "clipper.container",
         "--fetch-artifact",
@@ -273,8 +348,8 @@ def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
         "--name", r.model,
         "--version", r.version,
         "--input-type", r.input_type,
-        "--ip", r.frontend_host,
-        "--port", str(r.frontend_port),
+        "--ip", host,
+        "--port", str(port),
         *(("--rpc-keys", KEYS_MOUNT) if r.auth else ()),
         "--replica-token", "$(POD_NAME)",
         "--heartbeat-interval", str(r.heartbeat_interval_s),
@@ -289,6 +364,17 @@ def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
         "args": args,
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            # The frontends beyond --ip/--port (each dialed once); the frontends' FRONTENDS
+            # messages bring the ones added later.
+            *(
+                [{"name": "CLIPPER_FRONTENDS", "value": ",".join(r.frontends[1:])}]
+                if len(r.frontends) > 1
+                else []
+            ),
+            # A pod is no frontend's child: it outlives a frontend's restart (adopted), and
+            # exits (restarted by its Deployment) only when no frontend is heard from.
+            {"name": "CLIPPER_SHARED", "value": "1"},
+            {"name": "CLIPPER_ORPHAN_TIMEOUT_S", "value": str(_ORPHAN_TIMEOUT_S)},
             *_WRITABLE_ENV,
             *({"name": k, "value": v} for k, v in sorted(s.extra_env.items())),
         ],
@@ -336,7 +422,7 @@ def replica_deployment(s: KubeSettings, r: ReplicaSpec) -> dict[str, Any]:
                     # SIGTERM starts the drain; this is how long it may take before SIGKILL.
                     "terminationGracePeriodSeconds": int(s.drain_timeout_s) + 10,
                     "securityContext": pod_security(s),
-                    # A replica talks to its frontend only; it needs no API credentials.
+                    # A replica talks to the frontends only; it needs no API credentials.
                     "automountServiceAccountToken": False,
                     "containers": [container],
                     "volumes": [
@@ -408,14 +494,7 @@ def network_policies(s: KubeSettings) -> list[dict[str, Any]]:
     from the node, which network plugins let through."""
     meta = {"namespace": s.namespace, "labels": _app("network")}
     frontends = {"podSelector": {"matchLabels": _app("frontend")}}
-    replicas = {
-        "podSelector": {
-            "matchLabels": {
-                "app.kubernetes.io/name": "clipper-replica",
-                "app.kubernetes.io/managed-by": MANAGED_BY,
-            }
-        }
-    }
+    replicas = {"podSelector": {"matchLabels": dict(REPLICA_LABELS)}}
     admins = {
         "namespaceSelector": {
             "matchLabels": {"kubernetes.io/metadata.name": s.admin_namespace or s.namespace}
@@ -468,6 +547,9 @@ def frontend_objects(
     )
     if s.replica_gpus:
         manager += f"&gpus={s.replica_gpus}"
+    # The replicas dial every frontend of the StatefulSet by its DNS name, whichever frontend
+    # (the replica owner of the moment) creates their Deployment.
+    manager += f"&frontends={s.frontends}"
     config = {
         "CLIPPER_HOST": "0.0.0.0",
         "CLIPPER_RPC_HOST": "0.0.0.0",
@@ -543,10 +625,29 @@ def frontend_objects(
         "securityContext": container_security(s),
         "volumeMounts": [
             {"name": "state", "mountPath": STATE_MOUNT},
+            # Over the state volume: the artifacts every frontend reads and writes.
+            *(
+                {"name": "artifacts", "mountPath": f"{STATE_MOUNT}/{sub}", "subPath": sub}
+                for sub in (ARTIFACT_DIRS if s.artifacts_storage_class else ())
+            ),
             {"name": "rpc-keys", "mountPath": KEYS_MOUNT, "readOnly": True},
             _TMP_MOUNT,
         ],
     }
+    artifacts: list[dict[str, Any]] = []
+    if s.artifacts_storage_class:
+        artifacts = [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": ARTIFACTS_CLAIM} | meta,
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": s.artifacts_storage_class,
+                    "resources": {"requests": {"storage": s.artifacts_size}},
+                },
+            }
+        ]
     secrets = [
         *(key_secrets(s, keys) if keys is not None else []),
         *([admin_token_secret(s, admin_token)] if admin_token is not None else []),
@@ -581,6 +682,7 @@ def frontend_objects(
             "data": config,
         },
         *secrets,
+        *artifacts,
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -650,6 +752,16 @@ def frontend_objects(
                                 },
                             },
                             _TMP_VOLUME,
+                            *(
+                                [
+                                    {
+                                        "name": "artifacts",
+                                        "persistentVolumeClaim": {"claimName": ARTIFACTS_CLAIM},
+                                    }
+                                ]
+                                if artifacts
+                                else []
+                            ),
                         ],
                     },
                 },

@@ -1,4 +1,6 @@
-"""``clipper k8s render``: the manifests of a deployment, written once for ``kubectl apply``.
+"""``clipper k8s render``: the manifests of a deployment, written once for ``kubectl apply``
+(and the argument parser of ``clipper k8s delete-replicas``, which removes what the frontends
+leave running when they stop: the replica Deployments).
 
 The deployment's secrets — the RPC keys and the admin token — live in a key directory
 (``--keys-dir``): made there the first time, read from it on every later render, so a
@@ -130,7 +132,30 @@ def add_render_command(sub: Any) -> None:
         action="store_true",
         help="render no Secrets: the ones already in the cluster stay",
     )
+    r.add_argument(
+        "--artifacts-storage-class",
+        default=None,
+        help="a ReadWriteMany storage class (NFS, CephFS, EFS, Azure Files...) for the volume "
+        "every frontend keeps the artifacts on; needed for more than one frontend",
+    )
+    r.add_argument(
+        "--artifacts-size", default=d.artifacts_size, help="size of the shared artifacts volume"
+    )
     r.add_argument("-o", "--out", default="-", help="file to write ('-': standard output)")
+
+    # A frontend that stops leaves its replica Deployments for the next (they are adopted):
+    # taking a deployment down removes them with this, after the frontends.
+    rm = k8s.add_parser(
+        "delete-replicas",
+        help="delete every replica Deployment (and its PodDisruptionBudget) of the deployment",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    rm.add_argument("--namespace", default=d.namespace, help="the deployment's namespace")
+    where = rm.add_mutually_exclusive_group()
+    where.add_argument(
+        "--api", default=None, help="API server URL without credentials (kubectl proxy)"
+    )
+    where.add_argument("--context", default=None, help="kubeconfig context (default: current)")
 
 
 def render_command(args: argparse.Namespace) -> int:
@@ -149,6 +174,8 @@ def render_command(args: argparse.Namespace) -> int:
             frontend_cpu_limit=args.frontend_cpu_limit,
             run_as_user=args.run_as_user,
             admin_namespace=args.admin_namespace,
+            artifacts_storage_class=args.artifacts_storage_class,
+            artifacts_size=args.artifacts_size,
         )
         if args.keep_secrets:
             text = render_documents(settings, None, None)

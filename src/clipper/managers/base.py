@@ -157,7 +157,6 @@ def build_kubernetes(rest: str, ctx: ManagerContext) -> ContainerManager:
     return KubernetesManager(
         settings,
         conn,
-        node_id=ctx.node_id,
         rpc_host=ctx.rpc_host,
         rpc_port=ctx.rpc_port,
         rpc_keys=ctx.rpc_keys,

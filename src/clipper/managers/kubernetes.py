@@ -1,19 +1,28 @@
 """The Kubernetes container manager (``--manager k8s://NAMESPACE?...``): one Deployment per
-model version per frontend, created, scaled and deleted through the API server.
+model version for the whole deployment, created, scaled and deleted through the API server by
+the replica owner (the one frontend the reconciler lets call :meth:`ensure`).
 
-The frontend owns its Deployments (named from its node id, the model and the version, so a
-restarted frontend finds and adopts them); their pods dial the frontend back over ZeroMQ with
-the replica key, and fetch their artifact from it. A scale-down first drains the pods that are
-to go — no new batches, in-flight ones answered — and marks them with the lowest
-``controller.kubernetes.io/pod-deletion-cost``, so the ReplicaSet removes exactly those. Each
+A Deployment is named from the model and the version only, so whichever frontend asks — two
+at once, a restarted one, a new owner after a handover — finds the same one and adopts it: the
+same spec hash (nothing in it names the asking frontend) changes nothing, a different count
+only scales it. Its pods dial every frontend (``frontends=N``: the StatefulSet's pods by DNS
+name; ``frontend=tcp://HOST:PORT``: given addresses; neither: the frontend that creates it) with
+the replica key, and fetch their artifact from the first. A scale-down first marks the pods
+that are to go with the lowest ``controller.kubernetes.io/pod-deletion-cost`` (not-ready ones,
+then the newest), so the ReplicaSet removes exactly those; each drains on SIGTERM. Each
 Deployment has a PodDisruptionBudget of the same name (one pod evicted at a time), made and
 deleted with it.
+
+A frontend that stops leaves the Deployments running (the next owner, or the same frontend
+restarted, adopts them). They go when their version is deleted or scaled to zero
+(``ensure(mv, 0)``), or all at once with ``clipper k8s delete-replicas``.
 
 The official ``kubernetes`` client blocks: every call runs in a worker thread, never on the
 event loop. Pods are listed by an owned poller every ``poll_s`` for ``clipper status``.
 
 URL parameters: ``image``, ``cpu``, ``memory``, ``gpus``, ``drain_timeout``, ``pull_policy``,
-``uid`` (the pods' non-root user);
+``uid`` (the pods' non-root user), ``frontends`` (the frontends' StatefulSet size),
+``frontend`` (repeatable, or comma-separated: the frontends' RPC addresses);
 ``api=URL`` talks to that API server without credentials (``kubectl proxy``, an emulator);
 ``context=NAME`` picks a kubeconfig context; otherwise the in-cluster service account is used
 when there is one, else the default kubeconfig.
@@ -36,26 +45,33 @@ import orjson
 from clipper.clock import Clock, MonotonicClock, sleep
 from clipper.errors import ConfigError, ReplicaError
 from clipper.kube.manifests import (
+    ANNOTATION_MODEL,
+    ANNOTATION_VERSION,
     CLIENT_KEYS_SECRET,
-    LABEL_FRONTEND,
-    MANAGED_BY,
+    LABEL_MODEL,
+    LABEL_VERSION,
+    REPLICA_LABELS,
     KubeSettings,
     ReplicaSpec,
     dns_label,
+    frontend_addresses,
     replica_budget,
     replica_deployment,
     replica_deployment_name,
 )
 from clipper.registry import ModelVersion
 
-__all__ = ["KubernetesManager", "PodReplica", "parse_url"]
+__all__ = ["KubernetesManager", "PodReplica", "delete_replicas", "parse_url"]
 
 log = logging.getLogger("clipper.manager.k8s")
 
 _SPEC_HASH = "clipper-serve/spec-hash"
 _DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+# What an earlier clipper-serve labelled its per-frontend Deployments with: ensure replaces them.
+_LEGACY_FRONTEND = "clipper-serve/frontend"
 _PARAMS = {
     "image", "cpu", "memory", "gpus", "drain_timeout", "pull_policy", "uid", "api", "context",
+    "frontends", "frontend",
 }  # fmt: skip
 
 
@@ -93,10 +109,18 @@ def parse_url(rest: str) -> tuple[KubeSettings, dict[str, str]]:
         gpus = int(q.get("gpus", "0"))
         drain = float(q.get("drain_timeout", "20"))
         uid = int(q.get("uid", str(KubeSettings().run_as_user)))
+        pods = int(q.get("frontends", "0"))
     except ValueError as e:
         raise ConfigError(f"k8s://{rest}: {e}") from None
+    if "frontends" in q and pods < 1:
+        raise ConfigError(f"k8s://{rest}: frontends must be >= 1, got {pods}")
+    dial = tuple(a for v in query.get("frontend", []) for a in v.split(",") if a)
+    if pods and dial:
+        raise ConfigError(f"k8s://{rest}: give frontends=N or frontend=ADDRESS, not both")
     defaults = KubeSettings()
     settings = KubeSettings(
+        frontend_pods=pods,
+        dial=dial,
         namespace=namespace,
         image=q.get("image", defaults.image),
         replica_cpu=q.get("cpu", defaults.replica_cpu),
@@ -142,7 +166,6 @@ class KubernetesManager:
         settings: KubeSettings,
         conn: dict[str, str],
         *,
-        node_id: Callable[[], str],
         rpc_host: Callable[[], str],
         rpc_port: Callable[[], int],
         rpc_keys: Path | None,
@@ -154,7 +177,6 @@ class KubernetesManager:
         self.clock: Clock = clock or MonotonicClock()
         self.settings = settings
         self._conn = conn
-        self._node_id = node_id
         self._rpc_host = rpc_host
         self._rpc_port = rpc_port
         self._rpc_keys = rpc_keys
@@ -195,14 +217,6 @@ class KubernetesManager:
                 return None
             raise ReplicaError(f"the Kubernetes API refused a read: {e.status} {e.reason}") from e
 
-    @property
-    def _frontend(self) -> str:
-        return self._node_id() or "frontend"
-
-    def _selector(self) -> str:
-        frontend = dns_label(self._frontend)
-        return f"app.kubernetes.io/managed-by={MANAGED_BY},{LABEL_FRONTEND}={frontend}"
-
     # -- ContainerManager ----------------------------------------------------------------------
     async def ensure(self, mv: ModelVersion, replicas: int) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -211,15 +225,15 @@ class KubernetesManager:
             self._connect()
             self._start_poller()
             ns = self.settings.namespace
-            name = replica_deployment_name(self._frontend, mv.name, mv.version)
+            name = replica_deployment_name(mv.name, mv.version)
             try:
-                raw = await self._read(self._apps.read_namespaced_deployment, name, ns)
-                current = orjson.loads(raw.data) if raw is not None else None
+                current = await self._deployment(name)
                 if replicas == 0:
                     if current is not None:
                         await self._drain_pods(mv, len(self._pods_of(mv)))
                         await self._call(self._apps.delete_namespaced_deployment, name, ns)
                     await self._delete_budget(name)
+                    await self._replace_legacy(mv, name)
                     return
                 await self._ensure_secret()
                 body = replica_deployment(self.settings, self._spec(mv, replicas))
@@ -228,33 +242,129 @@ class KubernetesManager:
                 # Before the Deployment: its pods are never without their budget.
                 await self._ensure_budget(body)
                 if current is None:
-                    await self._call(self._apps.create_namespaced_deployment, ns, body)
+                    current = await self._create(body)
+                if current is None:
                     log.info("created Deployment %s/%s (%d replicas)", ns, name, replicas)
-                    return
-                have = int(current.get("spec", {}).get("replicas") or 0)
-                if replicas < have:
-                    await self._drain_pods(mv, have - replicas)
-                if current["metadata"].get("annotations", {}).get(_SPEC_HASH) != digest:
-                    await self._call(self._apps.patch_namespaced_deployment, name, ns, body)
-                elif replicas != have:
-                    await self._call(
-                        self._apps.patch_namespaced_deployment_scale,
-                        name,
-                        ns,
-                        {"spec": {"replicas": replicas}},
-                    )
-                log.info("Deployment %s/%s: %d -> %d replicas", ns, name, have, replicas)
+                else:
+                    await self._adopt(mv, current, body, replicas)
+                await self._replace_legacy(mv, name)
             except ApiException as e:
                 raise ReplicaError(
                     f"the Kubernetes API refused a change to Deployment {ns}/{name}: "
                     f"{e.status} {e.reason}"
                 ) from e
 
+    async def _deployment(self, name: str) -> dict[str, Any] | None:
+        raw = await self._read(self._apps.read_namespaced_deployment, name, self.settings.namespace)
+        found: dict[str, Any] | None = orjson.loads(raw.data) if raw is not None else None
+        return found
+
+    async def _create(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the Deployment; None when made, else the one another frontend made first
+        (both read it missing): it is adopted like any found."""
+        from kubernetes.client.exceptions import ApiException
+
+        ns = self.settings.namespace
+        try:
+            await self._call(self._apps.create_namespaced_deployment, ns, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            found = await self._deployment(body["metadata"]["name"])
+            if found is None:
+                raise
+            return found
+        return None
+
+    async def _adopt(
+        self, mv: ModelVersion, current: dict[str, Any], body: dict[str, Any], replicas: int
+    ) -> None:
+        """A Deployment found: the same spec hash -> at most a scale (no pod restarts), else
+        the new spec (a rolling update)."""
+        ns, name = self.settings.namespace, body["metadata"]["name"]
+        have = int(current.get("spec", {}).get("replicas") or 0)
+        if replicas < have:
+            await self._drain_pods(mv, have - replicas)
+        found = (current["metadata"].get("annotations") or {}).get(_SPEC_HASH)
+        if found != body["metadata"]["annotations"][_SPEC_HASH]:
+            # The spec rewritten whole: a strategic merge (the client's default for a dict)
+            # would keep what the new spec no longer has (an env var, a volume, a GPU limit).
+            patch = {
+                "metadata": {k: body["metadata"][k] for k in ("labels", "annotations")},
+                "spec": _merge_patch(current.get("spec") or {}, body["spec"]),
+            }
+            await self._call(
+                self._apps.patch_namespaced_deployment,
+                name,
+                ns,
+                patch,
+                _content_type="application/merge-patch+json",
+            )
+            log.info("Deployment %s/%s: new spec, %d -> %d replicas", ns, name, have, replicas)
+        elif replicas != have:
+            await self._call(
+                self._apps.patch_namespaced_deployment_scale,
+                name,
+                ns,
+                {"spec": {"replicas": replicas}},
+            )
+            log.info("Deployment %s/%s: %d -> %d replicas", ns, name, have, replicas)
+
+    async def _replace_legacy(self, mv: ModelVersion, name: str) -> None:
+        """Delete what an earlier clipper-serve made for ``mv``: one Deployment per frontend
+        (labelled with it), now replaced by the deployment's one."""
+        labels = REPLICA_LABELS | {
+            LABEL_MODEL: dns_label(mv.name),
+            LABEL_VERSION: dns_label(mv.version),
+        }
+        found = await self._list_deployments(labels)
+        for d in found:
+            meta = d["metadata"]
+            ann = meta.get("annotations") or {}
+            if (
+                meta["name"] != name
+                and _LEGACY_FRONTEND in (meta.get("labels") or {})
+                and (ann.get(ANNOTATION_MODEL), ann.get(ANNOTATION_VERSION))
+                == (mv.name, mv.version)
+            ):
+                await self._delete_deployment(meta["name"])
+                log.info("deleted per-frontend Deployment %s (replaced by %s)", meta["name"], name)
+
+    async def _list_deployments(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        raw = await self._call(
+            self._apps.list_namespaced_deployment,
+            self.settings.namespace,
+            label_selector=_selector(labels),
+            _preload_content=False,
+        )
+        # The API server filters by the selector already; this guards against one that does not.
+        return [
+            d
+            for d in orjson.loads(raw.data).get("items", [])
+            if labels.items() <= (d["metadata"].get("labels") or {}).items()
+        ]
+
+    async def _delete_deployment(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            await self._call(self._apps.delete_namespaced_deployment, name, self.settings.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        await self._delete_budget(name)
+
+    def _frontends(self) -> tuple[str, ...]:
+        s = self.settings
+        if s.dial:
+            return s.dial
+        if s.frontend_pods:
+            return frontend_addresses(s, s.frontend_pods, self._rpc_port())
+        return (f"tcp://{self._rpc_host()}:{self._rpc_port()}",)
+
     def _spec(self, mv: ModelVersion, replicas: int) -> ReplicaSpec:
         return ReplicaSpec(
-            frontend=self._frontend,
-            frontend_host=self._rpc_host(),
-            frontend_port=self._rpc_port(),
+            frontends=self._frontends(),
             model=mv.name,
             version=mv.version,
             input_type=mv.input_type.readable,
@@ -288,8 +398,14 @@ class KubernetesManager:
         ns = self.settings.namespace
         read = self._policy.read_namespaced_pod_disruption_budget
         if await self._read(read, name, ns) is None:
+            from kubernetes.client.exceptions import ApiException
+
             body = replica_budget(self.settings, deployment)
-            await self._call(self._policy.create_namespaced_pod_disruption_budget, ns, body)
+            try:
+                await self._call(self._policy.create_namespaced_pod_disruption_budget, ns, body)
+            except ApiException as e:
+                if e.status != 409:  # another frontend made it since: the same budget
+                    raise
 
     async def _delete_budget(self, name: str) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -311,22 +427,28 @@ class KubernetesManager:
         if await self._read(self._core.read_namespaced_secret, CLIENT_KEYS_SECRET, ns) is None:
             files = ("server.key", "client.key_secret")
             data = {f: (self._rpc_keys / f).read_text() for f in files}
-            await self._call(
-                self._core.create_namespaced_secret,
-                ns,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": CLIENT_KEYS_SECRET, "namespace": ns},
-                    "type": "Opaque",
-                    "stringData": data,
-                },
-            )
+            from kubernetes.client.exceptions import ApiException
+
+            try:
+                await self._call(
+                    self._core.create_namespaced_secret,
+                    ns,
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Secret",
+                        "metadata": {"name": CLIENT_KEYS_SECRET, "namespace": ns},
+                        "type": "Opaque",
+                        "stringData": data,
+                    },
+                )
+            except ApiException as e:
+                if e.status != 409:  # another frontend made it since (the same keys)
+                    raise
         self._secret_ready = True
 
     async def stop_all(self) -> None:
-        """A frontend that stops takes its replicas with it (a crash leaves them for the
-        restarted frontend, which adopts them by name)."""
+        """The frontend stops: its pod listing and API connection go, the replica Deployments
+        stay (the next owner, or this frontend restarted, adopts them by name)."""
         poller, self._poller = self._poller, None
         if poller is not None:
             poller.cancel()
@@ -335,38 +457,8 @@ class KubernetesManager:
         if self._api is None:
             return
         async with self._lock:
-            ns = self.settings.namespace
-            try:
-                names = await self._own_deployments()
-                for name in names:
-                    await self._call(self._apps.delete_namespaced_deployment, name, ns)
-                    await self._delete_budget(name)
-                log.info("deleted this frontend's Deployments in %s: %s", ns, names or "none")
-            except Exception as e:  # the frontend stops anyway; say what it left behind
-                log.warning("could not delete this frontend's Deployments in %s: %s", ns, e)
             await self._call(self._api.close)
             self._api = None
-
-    async def _own_deployments(self) -> list[str]:
-        raw = await self._call(
-            self._apps.list_namespaced_deployment,
-            self.settings.namespace,
-            label_selector=self._selector(),
-            _preload_content=False,
-        )
-        return [
-            d["metadata"]["name"]
-            for d in orjson.loads(raw.data).get("items", [])
-            if self._owns(d["metadata"])
-        ]
-
-    def _owns(self, meta: dict[str, Any]) -> bool:
-        # The API server filters by the selector already; this guards against one that does not.
-        labels = meta.get("labels") or {}
-        return bool(
-            labels.get("app.kubernetes.io/managed-by") == MANAGED_BY
-            and labels.get(LABEL_FRONTEND) == dns_label(self._frontend)
-        )
 
     def replicas(self, name: str, version: str) -> Sequence[PodReplica]:
         return [p for p in self._pods if p.model == name and p.version == version]
@@ -400,11 +492,58 @@ class KubernetesManager:
         raw = await self._call(
             self._core.list_namespaced_pod,
             self.settings.namespace,
-            label_selector=self._selector(),
+            label_selector=_selector(REPLICA_LABELS),
             _preload_content=False,
         )
         items = orjson.loads(raw.data).get("items", [])
-        self._pods = pods_as_replicas([p for p in items if self._owns(p["metadata"])])
+        self._pods = pods_as_replicas([p for p in items if _is_replica(p["metadata"])])
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def _is_replica(meta: dict[str, Any]) -> bool:
+    # The API server filters by the selector already; this guards against one that does not.
+    return REPLICA_LABELS.items() <= (meta.get("labels") or {}).items()
+
+
+def delete_replicas(settings: KubeSettings, conn: dict[str, str]) -> list[str]:
+    """Delete every replica Deployment of the deployment in ``settings.namespace`` and its
+    PodDisruptionBudget (``clipper k8s delete-replicas``: a frontend that stops leaves them);
+    the names deleted. Blocking: for the command line, not the event loop."""
+    api = _api_client(conn)  # first: it says how to install the client when it is missing
+    import kubernetes
+    from kubernetes.client.exceptions import ApiException
+
+    client: Any = kubernetes.client
+    try:
+        apps, policy = client.AppsV1Api(api), client.PolicyV1Api(api)
+        ns = settings.namespace
+        raw = apps.list_namespaced_deployment(
+            ns, label_selector=_selector(REPLICA_LABELS), _preload_content=False
+        )
+        names = sorted(
+            d["metadata"]["name"]
+            for d in orjson.loads(raw.data).get("items", [])
+            if _is_replica(d["metadata"])
+        )
+        for name in names:
+            for delete in (
+                apps.delete_namespaced_deployment,
+                policy.delete_namespaced_pod_disruption_budget,
+            ):
+                try:
+                    delete(name, ns)
+                except ApiException as e:
+                    if e.status != 404:
+                        raise ReplicaError(
+                            f"the Kubernetes API refused to delete {ns}/{name}: "
+                            f"{e.status} {e.reason}"
+                        ) from e
+        return names
+    finally:
+        api.close()
 
 
 def pods_as_replicas(items: list[dict[str, Any]]) -> list[PodReplica]:
@@ -452,6 +591,18 @@ def _pod_state(
     if restarts and "waiting" in (cstatus.get("state") or {}):
         return "restarting"
     return "starting"
+
+
+def _merge_patch(have: Any, want: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``have`` into ``want``: a key ``want`` lacks
+    is null (removed; the API server defaults again what it defaulted), lists and values are
+    replaced whole, objects patched key by key."""
+    if not isinstance(have, dict) or not isinstance(want, dict):
+        return want
+    patch: dict[str, Any] = dict.fromkeys(have.keys() - want.keys())
+    for key, value in want.items():
+        patch[key] = _merge_patch(have.get(key), value)
+    return patch
 
 
 def _spec_hash(body: dict[str, Any]) -> str:
