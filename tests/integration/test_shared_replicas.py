@@ -160,7 +160,7 @@ async def test_two_frontends_share_two_replicas_through_the_owners_death(
     await b.start()
 
     async def both_listed() -> bool:
-        return all(len((await fe.owner())["frontends"]) == 2 for fe in (a, b))
+        return [len((await fe.owner())["frontends"]) for fe in (a, b)] == [2, 2]
 
     await wait_for(both_listed, limit_s=15.0, interval=0.2, what="both frontends listed")
     owners = [fe for fe in (a, b) if (await fe.owner())["is_owner"]]
@@ -172,8 +172,9 @@ async def test_two_frontends_share_two_replicas_through_the_owners_death(
     # Configured on the frontend that does NOT own the replicas: the owner hears it through
     # the store and starts them.
     artifact = write_row_sums(tmp_path)
-    await other.admin_ok("add_app", {"name": "sums", "input_type": "doubles",
-                                     "default_output": "-1", "latency_slo_micros": 5_000_000})  # fmt: skip
+    app = {"name": "sums", "input_type": "doubles", "default_output": "-1",
+           "latency_slo_micros": 5_000_000}  # fmt: skip
+    await other.admin_ok("add_app", app)
     await other.admin_ok(
         "deploy_model",
         {"model_name": MODEL, "model_version": "1", "input_type": "doubles",
@@ -183,7 +184,7 @@ async def test_two_frontends_share_two_replicas_through_the_owners_death(
     await other.admin_ok("add_model_links", {"app_name": "sums", "model_names": [MODEL]})
 
     async def both_connected() -> bool:
-        return all(await fe.connected() == 2 for fe in (a, b))
+        return [await fe.connected() for fe in (a, b)] == [2, 2]
 
     await wait_for(both_connected, limit_s=60.0, interval=0.2, what="2 replicas on each frontend")
     pids = replica_pids()

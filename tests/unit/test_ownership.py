@@ -6,6 +6,7 @@ the owner calls the manager; a new owner adopts first), and the local manager's 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from clipper.runtime.ownership import FRONTENDS, LEASE, Ownership
 from clipper.runtime.reconciler import Reconciler
 from clipper.store import MemoryStore, StoreError
 from tests.unit.test_local_manager import FakeChild
-from tests.unit.test_runtime import FakeManager, FakeScheduler, turns, until
+from tests.unit.test_runtime import FakeManager, FakeScheduler, turns
 
 MV = ModelVersion(name="m", version="1", input_type=InputType.DOUBLES, artifact="/a")
 
@@ -286,9 +287,11 @@ async def test_a_non_owner_still_closes_a_deleted_versions_scheduler() -> None:
 
 
 class SharedChild(FakeChild):
+    pids = itertools.count(5000)
+
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        self.pid = 5000 + id(self) % 1000
+        self.pid = next(self.pids)
 
 
 class SharedSpawner:
@@ -303,6 +306,17 @@ class SharedSpawner:
         child = SharedChild(exit_code=None, ignores_term=False, eof=True)
         self.children.append(child)
         return child
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` (the fake clock stands still; a log file is opened on a real
+    thread, so real time must pass); bounded."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10.0
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.001)
 
 
 @pytest.fixture
@@ -370,17 +384,20 @@ async def test_a_shared_replica_dials_every_frontend_in_its_own_session_and_is_r
     records = await store.records("replica")
     assert set(records) == {"m/1/0", "m/1/1"}
     procs = m.replicas("m", "1")
-    assert records["m/1/0"]["token"] == procs[0].token
-    assert records["m/1/0"]["pid"] == spawn.children[0].pid
+    for proc in procs:  # the slots' starts race (each opens its log on a thread)
+        assert records[f"m/1/{proc.slot}"]["token"] == proc.token
+        assert records[f"m/1/{proc.slot}"]["pid"] == proc.pid
+    assert {r["pid"] for r in records.values()} == {c.pid for c in spawn.children}
     # Stopped: retired (it serves other frontends' batches too), then its record goes.
     peers.connected.add(procs[1].token)
     stopping = asyncio.create_task(m.ensure(MV, 1))
     await turns()
     assert peers.retired == [procs[1].token]
-    spawn.children[1].exit(0)  # the replica drained its links and exited
+    [retired] = [c for c in spawn.children if c.pid == procs[1].pid]
+    retired.exit(0)  # the replica drained its links and exited
     await stopping
     assert set(await store.records("replica")) == {"m/1/0"}
-    assert spawn.children[1].signals == []  # no signal was needed
+    assert retired.signals == []  # no signal was needed
     await m.stop_all()
     assert await store.records("replica") == {}
 

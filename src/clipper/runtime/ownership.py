@@ -84,7 +84,6 @@ class Ownership:
         self._valid_until = 0.0
         self._next_claim = 0.0
         self._frontends: list[str] = []
-        self._fed: list[str] | None = None
         self._listeners: list[OwnerListener] = []
         self._task: asyncio.Task[None] | None = None
         self._failing = False
@@ -223,8 +222,9 @@ class Ownership:
         self._feed_frontends()
 
     def _feed_frontends(self) -> None:
-        if self._frontends == self._fed:
-            return
+        # Sent every tick, changed or not: a replica that was leaving a frontend when that
+        # frontend came back (a restart on the same address) links to it again at the next
+        # list; one small message per replica per second.
         setter = getattr(self._feed, "set_frontends", None)
         if setter is None:
             return  # the RPC endpoint does not speak FRONTENDS: replicas dial what they were given
@@ -232,7 +232,6 @@ class Ownership:
             setter(list(self._frontends))
         except ClipperError as exc:  # a list no replica would take: the previous one stays
             log.warning("the live frontends were not sent to the replicas: %s", exc)
-        self._fed = list(self._frontends)
 
     def _set_owner(self, owner: bool) -> None:
         if owner == self._owner or (self._closed and owner):
