@@ -59,6 +59,7 @@ __all__ = [
     "decode_config",
     "encode_config",
     "reserve_port",
+    "restart_delay",
     "worker_config",
     "worker_main",
 ]
@@ -282,7 +283,7 @@ class Supervisor:
 
     async def _keep(self, w: _Worker) -> None:
         """Run worker ``w``, and again each time it exits, until the deployment stops."""
-        delay = RESTART_MIN_S
+        quick = 0  # restarts in a row that did not live HEALTHY_S
         while not self._stopping.is_set():
             started = self.clock.now()
             rc = await self._run_once(w)
@@ -295,7 +296,8 @@ class Supervisor:
                 self.stop(self._failed)
                 return
             lived = self.clock.now() - started
-            delay = RESTART_MIN_S if lived >= HEALTHY_S else min(delay * 2, RESTART_MAX_S)
+            quick = 0 if lived >= HEALTHY_S else quick + 1
+            delay = restart_delay(quick)
             w.restarts += 1
             log.warning(
                 "worker %d exited with status %s after %.1f s; restarting it in %.1f s "
@@ -360,6 +362,11 @@ class Supervisor:
         # Replaced whole: a reader never sees half of it.
         tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
         os.replace(tmp, path)
+
+
+def restart_delay(quick: int) -> float:
+    """Seconds before a worker is started again, after ``quick`` short-lived runs in a row."""
+    return min(RESTART_MIN_S * 2 ** max(quick - 1, 0), RESTART_MAX_S)
 
 
 def _die_with(parent: int) -> None:
