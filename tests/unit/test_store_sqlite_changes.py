@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from clipper.inputs import InputType
 from clipper.persistence import StoreSync
 from clipper.registry import Application, Registry
 from clipper.store import SqliteStore, StoreEvent
+from clipper.store import sqlite as sqlite_module
 from clipper.store.base import Delete, DeletePrefix, Put
 from clipper.store.sqlite import CHANGES_KEEP_REVS, CHANGES_KEEP_S, SCHEMA_VERSION
 
@@ -92,7 +94,9 @@ async def test_selection_states_are_neither_logged_nor_heard(
 
 async def test_a_stale_event_never_reverts_a_newer_own_write(tmp_path: Path) -> None:
     path = tmp_path / "clipper.db"
-    polls = FakeClock()  # b reads the log only when the test moves this
+    # b reads the log only when the test moves its clock, which stamps b's commits on the
+    # scale of a's (the log's age trim compares them).
+    polls = FakeClock(time.monotonic())
     a, b = SqliteStore(path), SqliteStore(path, clock=polls, poll_s=1.0)
     await a.open()
     await b.open()
@@ -230,3 +234,31 @@ async def test_a_schema_2_file_gets_the_change_log(tmp_path: Path) -> None:
         assert conn.execute(
             "SELECT value FROM clipper_store WHERE kind = 'meta' AND key = 'schema_version'"
         ).fetchone() == (str(SCHEMA_VERSION),)
+
+
+async def test_a_commit_the_wal_stat_hides_is_read_within_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poller wakes its thread only when the write-ahead log's stat changed, and at least
+    every _FULL_POLL_S: a commit hidden by coarse time stamps is late, never lost."""
+    path = tmp_path / "clipper.db"
+    polls = FakeClock(time.monotonic())
+    a, b = SqliteStore(path), SqliteStore(path, clock=polls, poll_s=0.25)
+    monkeypatch.setattr(sqlite_module, "_file_mark", lambda _path: (1, 1, 1))
+    await a.open()
+    await b.open()
+    try:
+        heard_b = Heard(b)
+        await b.load()
+        polls.advance(0.25)  # the first look notes the mark, and reads nothing
+        await b.get("app", "x")  # queued behind that read on b's one thread
+        await a.put("current", "m", "1")
+        for _ in range(2):
+            polls.advance(0.25)
+            await b.get("app", "x")
+        assert heard_b.events.empty()  # the mark did not move: the thread was not asked
+        polls.advance(0.5)  # a second since the last read: read anyway
+        assert await heard_b.commit() == [StoreEvent("current", "m", "1")]
+    finally:
+        await a.close()
+        await b.close()
