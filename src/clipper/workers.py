@@ -366,7 +366,7 @@ class Supervisor:
 
 def restart_delay(quick: int) -> float:
     """Seconds before a worker is started again, after ``quick`` short-lived runs in a row."""
-    return min(RESTART_MIN_S * 2 ** max(quick - 1, 0), RESTART_MAX_S)
+    return min(RESTART_MIN_S * 2.0 ** max(quick - 1, 0), RESTART_MAX_S)
 
 
 def _die_with(parent: int) -> None:
