@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
-            return _start(args)
+            return _start(args, sys.argv[1:] if argv is None else list(argv))
         if args.command == "k8s":
             if args.action == "delete-replicas":
                 return _k8s_delete_replicas(args)
@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
 
 
-def _start(args: argparse.Namespace) -> int:
+def _start(args: argparse.Namespace, argv: Sequence[str]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -274,6 +274,8 @@ def _start(args: argparse.Namespace) -> int:
     except ClipperError as e:
         print(f"clipper start: {e}", file=sys.stderr)
         return 2
+    if config.workers > 1:
+        return _supervise(config, args, argv)
     import uvloop
 
     try:
@@ -285,6 +287,30 @@ def _start(args: argparse.Namespace) -> int:
         print(f"clipper start: cannot start: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _supervise(config: FrontendConfig, args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``--workers N``: this process supervises N frontend processes (clipper.workers)."""
+    import asyncio
+
+    from clipper.workers import Supervisor
+
+    # Each worker's RPC port is ephemeral unless one was asked for (then worker k's is it + k):
+    # the command line's default 7000 cannot be every worker's.
+    given = "CLIPPER_RPC_PORT" in os.environ or any(
+        a == "--rpc-port" or a.startswith("--rpc-port=") for a in argv
+    )
+    try:
+        supervisor = Supervisor(
+            config, demo=args.demo, log_level=args.log_level, rpc_port_given=given
+        )
+        return asyncio.run(supervisor.run())
+    except ClipperError as e:  # a taken port, a locked state directory, a memory:// store
+        print(f"clipper start: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"clipper start: cannot start: {e}", file=sys.stderr)
+        return 1
 
 
 async def _serve(config: FrontendConfig, demo: bool) -> None:

@@ -27,6 +27,8 @@ SAME: Final[object] = object()
 """The :func:`cli` ``default`` of a field whose command-line default is its embedded default."""
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# More processes than this on one machine is a mistake (a typo), not a deployment.
+_MAX_WORKERS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +325,31 @@ class FrontendConfig:
         default=8, metadata=cli("live dashboard streams at once; beyond them: 503")
     )
 
+    # `clipper start --workers N` (docs/workers.md): a supervisor runs N frontend processes on
+    # this machine that share the query and gRPC ports (SO_REUSEPORT), the store and the
+    # artifacts; an embedded Clipper is always one process and only reads this.
+    workers: int = field(
+        default=1,
+        metadata=cli(
+            "frontend worker processes on this machine sharing the query port, the store and "
+            "the models (1: this process serves)"
+        ),
+    )
+    reuse_port: bool = field(
+        default=False,
+        metadata=cli(
+            "bind the query and gRPC ports with SO_REUSEPORT, so that several frontend "
+            "processes of this user share them (set for each worker by --workers)"
+        ),
+    )
+    artifacts_dir: Path | None = field(
+        default=None,
+        metadata=cli("where models and uploads are placed (default: the state directory)"),
+    )
+
     def __post_init__(self) -> None:
+        if not 1 <= self.workers <= _MAX_WORKERS:
+            raise ConfigError(f"workers must be between 1 and {_MAX_WORKERS}, got {self.workers}")
         if self.admin_host not in _LOOPBACK and not self.admin_token:
             raise ConfigError(
                 f"the admin API is bound to {self.admin_host!r}, beyond this machine: "

@@ -225,8 +225,10 @@ class Clipper:
             node_id=self.node,
             clock=self.clock,
         )
+        # Models and uploads: the state directory's, or the deployment's that its workers share.
+        artifacts_dir = Path(config.artifacts_dir) if config.artifacts_dir else self.state_dir
         # The management operations' pre-checks and artifact placement, before Control.
-        self.operations = Operations(self.control, Artifacts(self.state_dir))
+        self.operations = Operations(self.control, Artifacts(artifacts_dir))
         self.autoscaler = Autoscaler(
             self.registry,
             self.control,
@@ -249,6 +251,7 @@ class Clipper:
             max_body_bytes=config.max_body_bytes,
             limits=HttpLimits.query_port(config), clock=self.clock,
             on_turn=self.loop_lag.turn,  # the socket wait the latency histogram adds
+            reuse_port=config.reuse_port,
         )  # fmt: skip
         self.admin = AdminApi(
             registry=self.registry,
@@ -258,7 +261,7 @@ class Clipper:
             manager=self.manager,
             metrics=self.metrics,
             clock=self.clock,
-            state_dir=self.state_dir,
+            state_dir=artifacts_dir,
             max_upload_unpacked_bytes=config.max_upload_unpacked_bytes,
             max_upload_files=config.max_upload_files,
             window=self.metrics_window,
@@ -297,6 +300,7 @@ class Clipper:
                     idle_timeout_s=config.grpc_idle_timeout_s,
                     body_timeout_s=config.body_timeout_s,
                     max_buffered_bytes=config.grpc_max_buffered_bytes,
+                    reuse_port=config.reuse_port,
                 )  # fmt: skip
             else:
                 self.grpc = GRPC_TRANSPORTS.load("grpcio")(

@@ -56,6 +56,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The composition root, and what runs it.
     ("server",),
     ("background", "demo"),
+    # The supervisor of `clipper start --workers N` and its worker processes.
+    ("workers",),
     # Clients and tools: the Python client, desired-state files, the CLI.
     ("client", "tables"),
     ("declarative", "rollout_commands", "compat"),

@@ -521,7 +521,7 @@ async def test_sqlite_upgrades_a_schema_1_file_keeping_its_states(tmp_path: Path
     finally:
         conn.close()
     assert version == (str(SCHEMA_VERSION),)
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
 
 
 # --- leases, presence and runtime records ----------------------------------------------------

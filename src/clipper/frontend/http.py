@@ -843,8 +843,12 @@ class HttpServer:
         streaming: bool = False,
         on_turn: Callable[[float, float], None] | None = None,
         gate: Gate | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self.router = router
+        # SO_REUSEPORT: the worker processes of one machine share the port, the kernel spreads
+        # the connections (clipper.workers); off, a second process on the port is refused.
+        self.reuse_port = reuse_port
         self.streaming = streaming
         self.host = host
         self.port = port
@@ -953,8 +957,9 @@ class HttpServer:
         self.refusal = _head(503, JSON, len(body), False) + body
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), self.host, self.port, reuse_address=True, backlog=1024
-        )
+            lambda: _Connection(self), self.host, self.port, reuse_address=True, backlog=1024,
+            reuse_port=self.reuse_port,
+        )  # fmt: skip
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
 

@@ -395,6 +395,11 @@ class AdminRoutes:
             respond(200, self._openapi, JSON)
             return
         if self.authorized(headers, respond):
+            if method == b"GET" and path.partition("?")[0] == "/metrics":
+                # This process's series: with --workers each worker is scraped on its own admin
+                # port, as the query port's /metrics answers from whichever worker it reaches.
+                respond(200, self.api.metrics.render(), _PROMETHEUS)
+                return
             self.api.route(method, path, headers, body, respond)
 
     def gate(

@@ -1,7 +1,8 @@
 """The persistent config store: JSON records of apps, models, current versions and links.
 
-``open_store(url)`` picks the backend: ``memory://`` (tests), ``sqlite:///path`` (default, one
-frontend per state directory) or ``redis://host:port/db`` (frontends that share and watch state).
+``open_store(url)`` picks the backend: ``memory://`` (tests), ``sqlite:///path`` (default; the
+frontend processes of one machine share and watch it) or ``redis://host:port/db`` (frontends
+on several machines that share and watch state).
 """
 
 from clipper.store.base import (

@@ -167,8 +167,9 @@ class Store(Protocol):
     event) or, when it raises :class:`StoreError`, none is.
 
     ``watch(callback)`` calls ``callback(event)`` on the event loop for changes written by *other*
-    store instances (never for this instance's own writes). Only the Redis backend has others to
-    hear from; the memory and SQLite backends never call it (one frontend per state directory).
+    store instances (never for this instance's own writes): other frontends on one Redis, or
+    other processes on one SQLite file (``clipper start --workers N``, whose change log each
+    store polls); the memory backend has no others and never calls it.
     ``on_resync(callback)`` is called when events may have been missed (a reconnect, a gap in
     the store's revision): the watcher should ``load()`` again and apply the difference.
 

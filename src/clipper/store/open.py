@@ -44,7 +44,7 @@ def open_memory(url: str, clock: Clock | None = None) -> Store:
 
 
 def open_sqlite(url: str, clock: Clock | None = None) -> Store:
-    return SqliteStore(sqlite_path(url.partition("://")[2]))
+    return SqliteStore(sqlite_path(url.partition("://")[2]), clock=clock)
 
 
 def open_redis(url: str, clock: Clock | None = None) -> Store:

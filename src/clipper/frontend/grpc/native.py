@@ -93,10 +93,13 @@ class NativeGrpcServer:
         body_timeout_s: float | None = None,
         max_buffered_bytes: int | None = None,
         limits: H2Limits | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self.svc = svc
         self.host = host
         self.port = port
+        # SO_REUSEPORT: the worker processes of one machine share the port (clipper.workers).
+        self.reuse_port = reuse_port
         self.max_message_bytes = max_message_bytes
         self.clock: Clock = clock or MonotonicClock()
         limits = limits or H2Limits()
@@ -140,8 +143,9 @@ class NativeGrpcServer:
             return
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self), self.host, self.port, reuse_address=True
-        )
+            lambda: Connection(self), self.host, self.port, reuse_address=True,
+            reuse_port=self.reuse_port,
+        )  # fmt: skip
         self.port = self._server.sockets[0].getsockname()[1]
         self._arm_sweep()
 
