@@ -256,13 +256,13 @@ class FrontendConfig:
     )
     # Shared replicas (docs/scale-out.md): a model version's replicas serve every frontend of
     # the deployment and one frontend, the holder of the owner lease, runs them. None: on for a
-    # shared store (redis) and for several worker processes, off otherwise (a frontend's
-    # replicas are its children and die with it).
+    # shared store (redis) whose frontends hold one key pair (--rpc-keys-dir) and for several
+    # worker processes, off otherwise (a frontend's replicas are its children and die with it).
     share_replicas: bool | None = field(
         default=None,
         metadata=cli(
             "replicas serve every frontend; one frontend (the owner lease's holder) runs them "
-            "(default: on for a redis store or --workers > 1)"
+            "(default: on for a redis store with --rpc-keys-dir, or --workers > 1)"
         ),
     )
     # How long the owner's lease lasts unrenewed (renewed every third of it): how soon another
@@ -432,5 +432,16 @@ class FrontendConfig:
         if self.share_replicas is not None:
             return self.share_replicas
         workers = getattr(self, "workers", 1)  # --workers, where this version has it
-        shared_store = self.store.lower().startswith(("redis://", "rediss://"))
-        return shared_store or (isinstance(workers, int) and workers > 1)
+        return self.shared_store_keys or (isinstance(workers, int) and workers > 1)
+
+    @property
+    def shared_store(self) -> bool:
+        """A store several frontends share (redis)."""
+        return self.store.lower().startswith(("redis://", "rediss://"))
+
+    @property
+    def shared_store_keys(self) -> bool:
+        """A shared store and keys every frontend can hold: a replica must pass every
+        frontend's CURVE check, so automatic sharing needs the deployment's one key pair (an
+        explicit ``rpc_keys_dir``; the default is per state directory) or RPC auth off."""
+        return self.shared_store and (self.rpc_keys_dir is not None or not self.rpc_auth)

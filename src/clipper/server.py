@@ -174,6 +174,13 @@ class Clipper:
             ttl_s=config.owner_lease_ttl_s,
             feed=self.rpc,
         )
+        if config.shared_store and config.share_replicas is None and not config.replicas_shared:
+            log.warning(
+                "replicas are not shared with the other frontends of this store: each frontend "
+                "runs its own, because the RPC keys are this state directory's; give every "
+                "frontend the deployment's keys (--rpc-keys-dir) to share them "
+                "(--no-share-replicas silences this)"
+            )
         shared = None
         if config.replicas_shared:
             ownership = self.ownership

@@ -56,6 +56,16 @@ def _is_zombie(pid: int) -> bool:
 
 def container_pids(parent_pid: int) -> list[int]:
     """Live (not zombie) ``clipper.container`` processes started with ``--parent-pid <it>``."""
+    return _containers_with(b"--parent-pid", str(parent_pid).encode())
+
+
+def keyed_container_pids(keys_dir: Path) -> list[int]:
+    """Live ``clipper.container`` processes given ``--rpc-keys <keys_dir>``: a deployment's
+    shared replicas, which have no parent to name (the key directory is the deployment's)."""
+    return _containers_with(b"--rpc-keys", str(keys_dir).encode())
+
+
+def _containers_with(wanted: bytes, wanted_value: bytes) -> list[int]:
     found: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -67,7 +77,7 @@ def container_pids(parent_pid: int) -> list[int]:
         if b"clipper.container" not in args:
             continue
         for flag, value in itertools.pairwise(args):
-            if flag == b"--parent-pid" and value == str(parent_pid).encode():
+            if flag == wanted and value == wanted_value:
                 pid = int(entry.name)
                 if not _is_zombie(pid):
                     found.append(pid)

@@ -1,8 +1,9 @@
 """Two frontends on one real redis-server behind a real HAProxy (Debian's package), configured
 exactly as docs/scale-out.md prints it: zero requests lost when a frontend is SIGKILLed.
 
-The set-up docs/scale-out.md documents: every frontend owns its replicas (they dial the frontend
-that started them) and shares applications, models and links through the Redis store; the load
+The set-up docs/scale-out.md documents: the frontends share one set of replicas (started by
+the frontend that holds the owner lease, dialling every frontend) and applications, models and
+links through the Redis store; the load
 balancer buffers each request, sends it to a frontend that answers ``GET /ready``, resends a
 request whose frontend died before answering to the other one, and takes a dead frontend out of
 rotation within a few health checks. The HAProxy configuration is read from the page's block;
@@ -47,6 +48,7 @@ from typing import Any
 import orjson
 import pytest
 
+from clipper.rpc.auth import ensure_keys
 from tests.integration.frontend_process import FrontendProcess
 from tests.integration.helpers import (
     Response,
@@ -195,10 +197,19 @@ class HAProxy:
 
 
 class LbFrontend(FrontendProcess):
-    """A frontend started with the page's planned-restart drain delay."""
+    """A frontend started with the page's planned-restart drain delay and the deployment's RPC
+    keys (frontends sharing replicas hold one key pair: docs/scale-out.md)."""
+
+    def __init__(self, state_dir: Path, *, store: str, keys: Path, name: str) -> None:
+        super().__init__(state_dir, store=store, name=name)
+        self.keys = keys
 
     def command(self) -> list[str]:
-        return [*super().command(), "--drain-delay-s", f"{DRAIN_DELAY_S:g}"]
+        return [
+            *super().command(),
+            "--drain-delay-s", f"{DRAIN_DELAY_S:g}",
+            "--rpc-keys-dir", str(self.keys),
+        ]  # fmt: skip
 
 
 @pytest.fixture
@@ -207,8 +218,9 @@ async def cluster(
 ) -> AsyncIterator[tuple[LbFrontend, LbFrontend, HAProxy]]:
     store = DurableRedis(tmp_path / "redis")
     await store.start()
+    keys = ensure_keys(tmp_path / "keys").directory
     fes = [
-        LbFrontend(tmp_path / f"state-{n}", store=store.url, name=f"frontend-{n}")
+        LbFrontend(tmp_path / f"state-{n}", store=store.url, keys=keys, name=f"frontend-{n}")
         for n in ("a", "b")
     ]
     lb = HAProxy(tmp_path, [fe.ports.query for fe in fes])
@@ -369,7 +381,7 @@ async def test_two_frontends_behind_haproxy_lose_no_request_when_one_is_killed(
     )
     await a.admin_ok("add_model_links", {"app_name": APP, "model_names": [MODEL]})
     b_url = f"http://127.0.0.1:{b.ports.query}"
-    # ... is served by frontend b, with its own replica, and through the balancer.
+    # ... is served by frontend b, from the shared replica, and through the balancer.
     await wait_for(lambda: ready(b_url), limit_s=60, interval=0.1, what="frontend b ready")
     await wait_for(lambda: answered(b_url, 1.0), limit_s=30, interval=0.1, what="b answers")
     await wait_for(lambda: answered(lb.url, 2.0), limit_s=30, interval=0.1, what="lb answers")
@@ -425,7 +437,7 @@ async def test_two_frontends_behind_haproxy_lose_no_request_when_one_is_killed(
             f"failed so far {len(loop.failed)}"
         )
         # Back on its ports and state directory: it adopts the configuration from the store
-        # and starts its replica; HAProxy takes it back after `rise 2` good checks.
+        # and connects the shared replica; HAProxy takes it back after `rise 2` good checks.
         loop.phase = f"{victim.name} restarting after {how} {n + 1}"
         await victim.start()
         url = f"http://127.0.0.1:{victim.ports.query}"
