@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import itertools
 import logging
 import os
 import signal
@@ -260,6 +261,8 @@ class Supervisor:
                     flush=True,
                 )
             await asyncio.gather(*keepers)
+            if self._stopping.is_set():
+                await asyncio.to_thread(self._stop_left_replicas)
         finally:
             for task in keepers:
                 task.cancel()
@@ -270,6 +273,26 @@ class Supervisor:
             print(f"clipper start: {self._failed}", file=sys.stderr, flush=True)
             return 1
         return 0
+
+    def _stop_left_replicas(self) -> None:
+        """SIGTERM the deployment's shared replicas that outlived every worker. The workers
+        drain at once, so each sees the others still live and leaves the replicas to a next
+        owner that never comes; the supervisor is the last one out. They are the container
+        processes of this machine given this deployment's key directory (``--rpc-keys``)."""
+        keys = str(self.config.rpc_keys_dir or self.state_dir / "rpc-keys").encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"clipper.container" not in args or b"--shared" not in args:
+                continue
+            if any(f == b"--rpc-keys" and v == keys for f, v in itertools.pairwise(args)):
+                log.info("stopping shared replica pid %s (no worker left)", entry.name)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(entry.name), signal.SIGTERM)
 
     def stop(self, why: str = "stop") -> None:
         """Stop every worker (SIGTERM: each drains); again, and their drains end at once."""

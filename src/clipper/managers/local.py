@@ -461,26 +461,10 @@ class LocalManager:
                 proc.pid = None
                 raise
             await _finish_copy(copier, self.clock)
-            proc.pid = None
-            proc.last_exit = code
-            if self.on_exit is not None:
-                self.on_exit(proc.token)
-            if proc.stopping:
+            next_backoff = await self._exited(mv, proc, code, started, backoff)
+            if next_backoff is None:
                 return
-            proc.restarts += 1
-            if self.clock.now() - started > _STABLE_AFTER:
-                backoff = _BACKOFF_START
-            log.warning(
-                "replica %s of %s:%s exited with %s; restarting in %.1f s (log: %s)",
-                proc.slot,
-                mv.name,
-                mv.version,
-                code,
-                backoff,
-                proc.log_path,
-            )
-            await sleep(self.clock, backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
+            backoff = next_backoff
 
     async def _supervise_shared(self, mv: ModelVersion, proc: ReplicaProcess) -> None:
         """As :meth:`_supervise`, for a replica that must outlive this frontend: its own
@@ -520,26 +504,31 @@ class LocalManager:
                     await _terminate(child, self.clock)
                     proc.pid = None
                 raise
-            proc.pid = None
-            proc.last_exit = code
-            if self.on_exit is not None:
-                self.on_exit(proc.token)
-            if proc.stopping:
+            next_backoff = await self._exited(mv, proc, code, started, backoff)
+            if next_backoff is None:
                 return
-            proc.restarts += 1
-            if self.clock.now() - started > _STABLE_AFTER:
-                backoff = _BACKOFF_START
-            log.warning(
-                "replica %s of %s:%s exited with %s; restarting in %.1f s (log: %s)",
-                proc.slot,
-                mv.name,
-                mv.version,
-                code,
-                backoff,
-                proc.log_path,
-            )
-            await sleep(self.clock, backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
+            backoff = next_backoff
+
+    async def _exited(
+        self, mv: ModelVersion, proc: ReplicaProcess, code: int, started: float, backoff: float
+    ) -> float | None:
+        """A replica process exited: report it, and unless it was stopped, wait out the
+        back-off; the next back-off, or None when the slot is done."""
+        proc.pid = None
+        proc.last_exit = code
+        if self.on_exit is not None:
+            self.on_exit(proc.token)
+        if proc.stopping:
+            return None
+        proc.restarts += 1
+        if self.clock.now() - started > _STABLE_AFTER:
+            backoff = _BACKOFF_START
+        log.warning(
+            "replica %s of %s:%s exited with %s; restarting in %.1f s (log: %s)",
+            proc.slot, mv.name, mv.version, code, backoff, proc.log_path,
+        )  # fmt: skip
+        await sleep(self.clock, backoff)
+        return min(backoff * 2, _BACKOFF_MAX)
 
 
 def _open_log(path: Path, max_bytes: int) -> Any:

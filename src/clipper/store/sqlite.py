@@ -370,14 +370,28 @@ class SqliteStore:
             conn = sqlite3.connect(self.path, isolation_level=None, timeout=_BUSY_TIMEOUT_MS / 1000)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open sqlite store {self.path}: {exc}") from exc
-        try:
-            self._setup(conn)
-        except sqlite3.Error as exc:
-            conn.close()
-            raise StoreError(f"cannot open sqlite store {self.path}: {exc}") from exc
-        except BaseException:
-            conn.close()
-            raise
+        # Processes opening a fresh file at once (--workers) race on switching it to WAL, which
+        # SQLite answers "locked" without waiting on the busy timeout: retry for a while (on the
+        # store's own thread, never the event loop).
+        give_up = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                self._setup(conn)
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc) and time.monotonic() < give_up:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    time.sleep(0.05)
+                    continue
+                conn.close()
+                raise StoreError(f"cannot open sqlite store {self.path}: {exc}") from exc
+            except sqlite3.Error as exc:
+                conn.close()
+                raise StoreError(f"cannot open sqlite store {self.path}: {exc}") from exc
+            except BaseException:
+                conn.close()
+                raise
+            break
         self._conn = conn
 
     def _setup(self, conn: sqlite3.Connection) -> None:
