@@ -19,7 +19,6 @@ with few cores the ratio between N = 2 and N = 1 is bounded by what wrk leaves.
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import signal
 import subprocess
@@ -38,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
 import models
 from report import free_port
+
+from clipper.runtime.processes import containers_with
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -67,20 +68,7 @@ def cpu_s(pid: int) -> float:
 
 
 def replica_pids(parents: Sequence[int]) -> list[int]:
-    wanted = {str(p).encode() for p in parents}
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"clipper.container" in args and any(
-            a == b"--parent-pid" and b in wanted for a, b in itertools.pairwise(args)
-        ):
-            found.append(int(entry.name))
-    return found
+    return [pid for p in parents for pid in containers_with(b"--parent-pid", str(p).encode())]
 
 
 def admin(port: int, route: str, doc: Any, timeout_s: float = 120.0) -> Any:

@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
-import itertools
 import logging
 import os
 import signal
@@ -51,6 +50,7 @@ from clipper.config import FrontendConfig
 from clipper.errors import ClipperError, ConfigError
 from clipper.logs import PROTOCOL_LOG
 from clipper.runtime.ports import binding
+from clipper.runtime.processes import containers_with
 from clipper.runtime.state_lock import StateLock
 
 __all__ = [
@@ -280,19 +280,10 @@ class Supervisor:
         owner that never comes; the supervisor is the last one out. They are the container
         processes of this machine given this deployment's key directory (``--rpc-keys``)."""
         keys = str(self.config.rpc_keys_dir or self.state_dir / "rpc-keys").encode()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                args = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"clipper.container" not in args or b"--shared" not in args:
-                continue
-            if any(f == b"--rpc-keys" and v == keys for f, v in itertools.pairwise(args)):
-                log.info("stopping shared replica pid %s (no worker left)", entry.name)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(entry.name), signal.SIGTERM)
+        for pid in containers_with(b"--rpc-keys", keys):
+            log.info("stopping shared replica pid %s (no worker left)", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
     def stop(self, why: str = "stop") -> None:
         """Stop every worker (SIGTERM: each drains); again, and their drains end at once."""

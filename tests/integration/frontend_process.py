@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from clipper.runtime.processes import containers_with
 from tests.integration.helpers import Response, pid_alive, post_json, request, wait_for
 from tests.integration.redis_server import free_port, terminate
 
@@ -56,33 +56,13 @@ def _is_zombie(pid: int) -> bool:
 
 def container_pids(parent_pid: int) -> list[int]:
     """Live (not zombie) ``clipper.container`` processes started with ``--parent-pid <it>``."""
-    return _containers_with(b"--parent-pid", str(parent_pid).encode())
+    return containers_with(b"--parent-pid", str(parent_pid).encode())
 
 
 def keyed_container_pids(keys_dir: Path) -> list[int]:
     """Live ``clipper.container`` processes given ``--rpc-keys <keys_dir>``: a deployment's
     shared replicas, which have no parent to name (the key directory is the deployment's)."""
-    return _containers_with(b"--rpc-keys", str(keys_dir).encode())
-
-
-def _containers_with(wanted: bytes, wanted_value: bytes) -> list[int]:
-    found: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"clipper.container" not in args:
-            continue
-        for flag, value in itertools.pairwise(args):
-            if flag == wanted and value == wanted_value:
-                pid = int(entry.name)
-                if not _is_zombie(pid):
-                    found.append(pid)
-                break
-    return sorted(found)
+    return containers_with(b"--rpc-keys", str(keys_dir).encode())
 
 
 def live(pid: int) -> bool:

@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 
 from clipper.rpc.auth import ensure_keys
-from tests.integration.frontend_process import FrontendProcess, live
+from clipper.runtime.processes import containers_with
+from tests.integration.frontend_process import FrontendProcess
 from tests.integration.helpers import predict, wait_for, write_row_sums
 from tests.integration.redis_server import REDIS_SERVER, start_redis, stop_redis
 
@@ -81,20 +82,7 @@ class SharingFrontend(FrontendProcess):
 
 def replica_pids() -> list[int]:
     """Live ``clipper.container`` processes of MODEL, whoever started them."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"clipper.container" not in args:
-            continue
-        named = any(f == b"--name" and v == MODEL.encode() for f, v in itertools.pairwise(args))
-        if named and live(int(entry.name)):
-            found.append(int(entry.name))
-    return sorted(found)
+    return containers_with(b"--name", MODEL.encode())
 
 
 def shared_flags(pid: int) -> tuple[bool, bool]:

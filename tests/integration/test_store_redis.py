@@ -398,15 +398,15 @@ async def _holder_is(store: RedisStore, holder: str) -> bool:
 async def test_presence_expires_on_the_server(stores: Callable[..., Any]) -> None:
     a: RedisStore = await stores()
     b: RedisStore = await stores()
-    await a.announce("frontends", "a", "tcp://127.0.0.1:7000", 30.0)
+    await a.announce("frontends", "a", "tcp://127.0.0.1:47000", 30.0)
     await b.announce("frontends", "b", "tcp://127.0.0.1:7001", 0.2)
     assert await a.live("frontends") == {
-        "a": "tcp://127.0.0.1:7000",
+        "a": "tcp://127.0.0.1:47000",
         "b": "tcp://127.0.0.1:7001",
     }
 
     async def only_a() -> bool:
-        return await b.live("frontends") == {"a": "tcp://127.0.0.1:7000"}
+        return await b.live("frontends") == {"a": "tcp://127.0.0.1:47000"}
 
     await wait_for(only_a, limit_s=5.0, what="b's entry to expire")
     await a.withdraw("frontends", "a")

@@ -28,10 +28,10 @@ def deployment(tmp_path: Path, **changes: object) -> FrontendConfig:
         "state_dir": tmp_path,
         "store": f"sqlite:///{tmp_path}",
         "workers": 3,
-        "rpc_port": 7000,
-        "admin_port": 1338,
-        "query_port": 1337,
-        "grpc_port": 8001,
+        "rpc_port": 47000,
+        "admin_port": 41338,
+        "query_port": 41337,
+        "grpc_port": 48001,
         **changes,
     }
     return FrontendConfig(**settings)  # type: ignore[arg-type]
@@ -40,7 +40,7 @@ def deployment(tmp_path: Path, **changes: object) -> FrontendConfig:
 def test_each_worker_has_its_own_directory_rpc_and_admin_port(tmp_path: Path) -> None:
     config = deployment(tmp_path, node_id="edge")
     w0, w2 = (
-        worker_config(config, k, query_port=1337, grpc_port=8001, rpc_port_given=False)
+        worker_config(config, k, query_port=41337, grpc_port=48001, rpc_port_given=False)
         for k in (0, 2)
     )
     assert w0.state_dir == tmp_path / "workers" / "0"
@@ -50,12 +50,12 @@ def test_each_worker_has_its_own_directory_rpc_and_admin_port(tmp_path: Path) ->
         assert w.store == config.store
         assert w.artifacts_dir == tmp_path
         assert w.rpc_keys_dir == tmp_path / "rpc-keys"
-        assert (w.query_port, w.grpc_port, w.reuse_port) == (1337, 8001, True)
+        assert (w.query_port, w.grpc_port, w.reuse_port) == (41337, 48001, True)
         assert w.rpc_port == 0  # the command line's default is not every worker's
-    assert (w0.admin_port, w2.admin_port) == (1338, 0)
+    assert (w0.admin_port, w2.admin_port) == (41338, 0)
     assert (w0.node_id, w2.node_id) == ("edge-0", "edge-2")
-    given = worker_config(config, 2, query_port=1337, grpc_port=None, rpc_port_given=True)
-    assert (given.rpc_port, given.grpc_port) == (7002, None)
+    given = worker_config(config, 2, query_port=41337, grpc_port=None, rpc_port_given=True)
+    assert (given.rpc_port, given.grpc_port) == (47002, None)
     assert (
         worker_config(
             deployment(tmp_path), 1, query_port=1, grpc_port=None, rpc_port_given=False
