@@ -26,7 +26,11 @@ _FLOAT_FIELDS = (
     "down_window_s",
     "interval_s",
     "shed_threshold",
+    "scale_to_zero_after_s",
 )
+# Queries held at most while a version wakes from zero replicas (each holds a connection and
+# a queue slot until a replica connects or its deadline passes).
+_MAX_HELD = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +42,11 @@ class AutoscaleConfig:
     that brings it back to the target; more than ``shed_threshold`` of the queries of that
     window shed or late scales up without waiting for the window to fill. One replica is
     removed after ``down_window_s`` in which one replica fewer would still have stayed under
-    the target. ``owner`` is the frontend (its node id) that drives the version: the one whose
-    admin API set these settings.
+    the target. With ``min_replicas`` 0 the version goes to zero replicas once no query came
+    for ``scale_to_zero_after_s``; then the first query wakes it, and up to
+    ``max_held_queries`` inputs wait for its replica (within their deadlines). ``owner`` is
+    the frontend (its node id) that drives the version: the one whose admin API set these
+    settings.
     """
 
     enabled: bool = True
@@ -50,23 +57,31 @@ class AutoscaleConfig:
     down_window_s: float = 180.0
     interval_s: float = 1.0
     shed_threshold: float = 0.01
+    scale_to_zero_after_s: float = 300.0
+    max_held_queries: int = 64
     owner: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("min_replicas", "max_replicas"):
+        for name in ("min_replicas", "max_replicas", "max_held_queries"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise RegistryError(f"{name} must be an integer, got {value!r}")
-        if not 1 <= self.min_replicas <= self.max_replicas <= _MAX_REPLICAS:
+        # min_replicas 0: the version scales to zero when idle; max_replicas is at least 1.
+        bounds = 0 <= self.min_replicas <= self.max_replicas <= _MAX_REPLICAS
+        if not bounds or not self.max_replicas:
             raise RegistryError(
-                "autoscaling needs 1 <= min_replicas <= max_replicas <= "
-                f"{_MAX_REPLICAS}, got min_replicas={self.min_replicas}, "
+                "autoscaling needs 0 <= min_replicas <= max_replicas <= "
+                f"{_MAX_REPLICAS} and max_replicas >= 1, got min_replicas={self.min_replicas}, "
                 f"max_replicas={self.max_replicas}"
+            )
+        if not 1 <= self.max_held_queries <= _MAX_HELD:
+            raise RegistryError(
+                f"max_held_queries must be between 1 and {_MAX_HELD}, got {self.max_held_queries!r}"
             )
         _number("target_utilization", self.target_utilization, 0.0, 1.0, "in (0, 1]")
         _number("shed_threshold", self.shed_threshold, 0.0, 1.0, "in (0, 1]")
         _number("interval_s", self.interval_s, _MIN_INTERVAL_S, _MAX_WINDOW_S, "in [0.05, 86400]")
-        for name in ("up_window_s", "down_window_s"):
+        for name in ("up_window_s", "down_window_s", "scale_to_zero_after_s"):
             if not self.interval_s <= _float(name, getattr(self, name)) <= _MAX_WINDOW_S:
                 raise RegistryError(
                     f"{name} must be between interval_s ({self.interval_s}) and "
@@ -83,6 +98,11 @@ class AutoscaleConfig:
             raise RegistryError(f"enabled must be true or false, got {self.enabled!r}")
         if not isinstance(self.owner, str):
             raise RegistryError(f"owner must be a string, got {self.owner!r}")
+
+    @property
+    def scales_to_zero(self) -> bool:
+        """Whether an idle version goes to zero replicas (and a query wakes it)."""
+        return self.enabled and self.min_replicas == 0
 
     def clamp(self, n: int) -> int:
         return min(max(n, self.min_replicas), self.max_replicas)

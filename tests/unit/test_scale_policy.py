@@ -224,8 +224,13 @@ def test_totals_that_go_back_count_from_zero() -> None:
 
 def test_settings_are_checked() -> None:
     bad: list[dict[str, object]] = [
-        {"min_replicas": 0},
+        {"min_replicas": 0, "max_replicas": 0},
+        {"min_replicas": -1},
         {"min_replicas": 5, "max_replicas": 4},
+        {"scale_to_zero_after_s": 0.01},
+        {"scale_to_zero_after_s": 1e6},
+        {"max_held_queries": 0},
+        {"max_held_queries": True},
         {"max_replicas": 2.0},
         {"target_utilization": 0.0},
         {"target_utilization": 1.5},
@@ -332,3 +337,50 @@ def test_the_batching_gain_is_trusted_in_part_but_one_at_a_time_in_full() -> Non
     assert run.changes() == [2]
     sim.run(20 * cfg.down_window_s, constant(2 * 0.62 * 8000), run)  # 1.24 at 1: stays
     assert run.changes() == [2]
+
+
+def test_an_idle_version_goes_to_zero_after_its_window_and_queries_wake_it() -> None:
+    cfg = config(min_replicas=0, scale_to_zero_after_s=30.0)
+    sim, run = Sim(cfg, replicas=3), Run()
+    sim.run(20, constant(1.5 * C), run)
+    assert sim.replicas == 3 and run.decisions == []  # busy: nothing goes
+    quiet_from = sim.t
+    sim.run(29, constant(0.0), run)
+    assert sim.replicas == 3  # 29 s without a query: not yet (and not one at a time either)
+    sim.run(2, constant(0.0), run)
+    assert sim.replicas == 0
+    at, d = run.decisions[-1]
+    assert (d.replicas, d.reason) == (0, "idle") and at == pytest.approx(quiet_from + 30)
+    assert "no query for 30 s" in d.detail
+    sim.run(100, constant(0.0), run)
+    assert sim.replicas == 0 and sim.policy.note.startswith("scaled to zero")
+    sim.run(1, constant(5.0), run)  # a trickle of queries: back to one at the next sample
+    assert sim.replicas == 1 and run.decisions[-1][1].reason == "cold_start"
+
+
+def test_the_last_replica_stays_while_queries_come_however_few() -> None:
+    cfg = config(min_replicas=0, scale_to_zero_after_s=30.0)
+    sim, run = Sim(cfg), Run()
+    sim.run(300, lambda t: 1.0 if int(t) % 20 == 0 else 0.0, run)  # one query every 20 s
+    assert run.decisions == [] and sim.replicas == 1
+    assert "to zero after 30 s" in sim.policy.note
+
+
+def test_the_idle_window_counts_from_the_last_change() -> None:
+    """Woken by a query, a version is not sent back to zero before a whole window passes."""
+    cfg = config(min_replicas=0, scale_to_zero_after_s=30.0)
+    sim, run = Sim(cfg, replicas=0), Run()
+    sim.run(200, constant(0.0), run)
+    assert run.decisions == []
+    sim.run(1, constant(1.0), run)
+    woke = sim.t
+    sim.run(29, constant(0.0), run)
+    assert sim.replicas == 1
+    sim.run(1, constant(0.0), run)
+    assert sim.replicas == 0 and run.decisions[-1][0] == pytest.approx(woke + 30)
+
+
+def test_min_replicas_one_never_goes_to_zero() -> None:
+    sim, run = Sim(config(scale_to_zero_after_s=5.0)), Run()
+    sim.run(600, constant(0.0), run)
+    assert sim.replicas == 1 and run.decisions == []

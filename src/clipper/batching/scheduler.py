@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from clipper.batching.cold import ColdStart
 from clipper.batching.controllers import BatchController, make_controller
 from clipper.batching.decision import Wait, decide
 from clipper.batching.health import ModelHealth, Totals
@@ -187,6 +188,9 @@ class ModelScheduler:
         self._window_at = clock.now()
         self._window_offered = 0
         self._window_shed = 0
+        # Set (by the autoscaler) while the version may scale to zero: queries that find no
+        # replica are held for one (clipper.batching.cold) instead of answered at once.
+        self.cold: ColdStart | None = None
 
     def _health_totals(self) -> Totals:
         missed = self.shed + self.late + self.stalled + self.overran + self.lag_shed
@@ -211,6 +215,8 @@ class ModelScheduler:
             model=self.mv.name, version=self.mv.version, replica=str(replica.replica_id)
         )
         self.replicas.append(replica)
+        if self.cold is not None:
+            self.cold.connected()
         self._replica_gauge.set(len(self.replicas))
         if self.on_replicas_changed is not None:
             self.on_replicas_changed(self)

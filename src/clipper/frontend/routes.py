@@ -221,6 +221,7 @@ class QueryRoutes:
                     respond, 200 if not reasons else 503,
                     {"ready": not reasons, "models_without_replicas": catalog.unready(),
                      "failing_models": catalog.failing_models(), "reasons": reasons,
+                     "scaled_to_zero": catalog.cold(),
                      "draining": catalog.withdrawn is not None},
                 )  # fmt: skip
                 return
@@ -289,6 +290,7 @@ class QueryRoutes:
             doc["version"] = version
         doc["ready"] = not reasons
         doc["reasons"] = reasons
+        doc["scaled_to_zero"] = self.svc.catalog.cold(name)
         json_response(respond, 200 if not reasons else 503, doc)
 
 

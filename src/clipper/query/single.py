@@ -153,6 +153,8 @@ class _Query(Abandonable, PendingQuery):
         queued again, and nothing could take it): a replica failure, not a missed SLO."""
         sched = self.sched
         if sched is not None and not sched.replicas:
+            if sched.cold is not None:
+                return DefaultReason.COLD_START, sched.cold.explain(self.model)
             return DefaultReason.NO_REPLICA, (
                 f"No replica of model {self.model}:{self.version} is alive: the replica "
                 "holding this query failed or left before answering"
@@ -240,10 +242,17 @@ class SingleRunner:
                 f"Requested version: {version} does not exist for model: {model}"
             )
         sched = catalog.by_key.get((model, version))
-        if sched is None or not sched.replicas:
-            q.all_default(*self._unavailable(model, version, sched))
-            return
         q.deadline = t0 + budget_s
+        if sched is None or not sched.replicas:
+            if sched is None or sched.cold is None:
+                q.all_default(*self._unavailable(model, version, sched))
+                return
+            # Scaled to zero (or waking): held for the replica (clipper.batching.cold).
+            left = q.deadline - app.answer_margin_s - self.clock.now()
+            why = sched.cold.hold(len(sched.queue), q.n, left)
+            if why is not None:
+                q.all_default(DefaultReason.COLD_START, why)
+                return
         cause = self._behind(t0, q.deadline - app.answer_margin_s, sched)
         if cause is not None:
             # Queued, it would only be answered late by the deadline timer (itself late by the

@@ -14,6 +14,11 @@ A version is driven by one frontend only, its settings' ``owner`` (the frontend 
 set them): on a shared store every frontend sees the settings, and each runs the count they set
 (each frontend runs its own replica set), but one decides it (docs/autoscaling.md).
 
+A version autoscaled with ``min_replicas`` 0 (on every frontend, driven here or not) has a
+:class:`~clipper.batching.cold.ColdStart` on its scheduler: a query that finds no replica is
+held and calls :meth:`Autoscaler.wake`, which, on the frontend that drives the version, scales
+it from zero to one at once (not at the next sample).
+
 Decisions and their reasons are in Prometheus (``clipper_autoscale_*``) and in
 :meth:`Autoscaler.status`, which the admin API's model view shows.
 """
@@ -22,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from clipper.batching.cold import ColdStart
 from clipper.batching.scheduler import ModelScheduler
 from clipper.clock import Clock, wait_event
 from clipper.registry import Change, ModelVersion, Registry
@@ -265,7 +272,8 @@ class Autoscaler:
         """Sample every driven version that is due and act on its decision; returns the
         seconds until the next one is due."""
         now = self.clock.now()
-        versions = (mv for vs in self.registry.models.values() for mv in vs.values())
+        versions = [mv for vs in self.registry.models.values() for mv in vs.values()]
+        self._attach_cold(versions)
         driven = {mv.key: mv for mv in versions if self.drives(mv)}
         for key in [k for k in self._policies if k not in driven]:
             self._forget(key)
@@ -318,6 +326,10 @@ class Autoscaler:
             m.utilization.labels(*labels).set(policy.utilization)
         if decision is None or decision.replicas == mv.num_replicas:
             return
+        self._carry_out(mv, decision, now)
+
+    def _carry_out(self, mv: ModelVersion, decision: Decision, now: float) -> None:
+        m, labels = self._metrics, (mv.name, mv.version)
         log.info(
             "autoscaling %s:%s from %d to %d replicas: %s",
             mv.name, mv.version, mv.num_replicas, decision.replicas, decision.detail,
@@ -362,6 +374,45 @@ class Autoscaler:
                 policy.restart(self.clock.now())
             self._wake.set()
 
+    # -- scale to zero -------------------------------------------------------------------------
+    def _attach_cold(self, versions: list[ModelVersion]) -> None:
+        """Give the scheduler of every version that scales to zero its hold rules (and take
+        them from one that no longer does)."""
+        for mv in versions:
+            sched = self.catalog.scheduler(*mv.key)
+            if sched is None:
+                continue
+            cfg = mv.autoscale
+            if cfg is None or not cfg.scales_to_zero:
+                sched.cold = None
+            elif sched.cold is None:
+                wake = functools.partial(self.wake, mv.key)
+                sched.cold = ColdStart(self.clock, limit=cfg.max_held_queries, wake=wake)
+            else:
+                sched.cold.limit = cfg.max_held_queries
+
+    def wake(self, key: Key) -> None:
+        """A query found the version with no replica: scale it from zero to one now, when this
+        frontend drives it and nothing is under way (else nothing: another frontend drives it,
+        or its replica is starting)."""
+        mv = self.registry.models.get(key[0], {}).get(key[1])
+        if mv is None or mv.num_replicas or key in self._actions or not self.drives(mv):
+            return
+        cfg = mv.autoscale
+        assert cfg is not None
+        target = max(1, cfg.min_replicas)
+        self._carry_out(mv, Decision(target, "cold_start", "a query came with no replica"),
+                        self.clock.now())  # fmt: skip
+
+    def state(self, mv: ModelVersion) -> str:
+        """``scaled to zero``, ``waking from zero`` (a query woke it; no replica yet) or
+        ``running``: what the status and readiness say of a version."""
+        sched = self.catalog.scheduler(*mv.key)
+        cfg = mv.autoscale
+        if cfg is None or not cfg.scales_to_zero or (sched is not None and sched.replicas):
+            return "running"
+        return "scaled to zero" if mv.num_replicas == 0 else "waking from zero"
+
     def _forget(self, key: Key) -> None:
         self._policies.pop(key, None)
         self._due.pop(key, None)
@@ -378,6 +429,7 @@ class Autoscaler:
             **mv.autoscale.to_record(),
             "num_replicas": mv.num_replicas,
             "driven_here": mv.autoscale.owner == self.control.node_id,
+            "state": self.state(mv),
             "status": self.status(mv.name, mv.version),
         }
 

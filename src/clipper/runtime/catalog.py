@@ -12,7 +12,9 @@ frontend withdrew its readiness (:meth:`Catalog.withdraw`: it is stopping, and d
 holds); ``GET /<app>/ready``, V2's model ready and gRPC's ``ModelReady`` read
 :meth:`Catalog.app_reasons` (one application). A version with replicas connected whose answers
 over the last minute are mostly errors is not ready either, in both: the reason names it, its
-error rate and its latest error.
+error rate and its latest error. A version autoscaled to zero (``min_replicas`` 0) with no
+replica connected is ready but cold (:meth:`Catalog.cold`): its queries are held while a replica
+starts, so a load balancer must not take the frontend out of rotation for it.
 """
 
 from __future__ import annotations
@@ -180,7 +182,8 @@ class Catalog:
         for names in self.registry.links.values():
             for name in names:
                 mv = self.version(name)
-                if mv is not None and mv.num_replicas and not self.live(name, mv.version):
+                if (mv is not None and mv.num_replicas and not self.live(name, mv.version)
+                        and not _scales_to_zero(mv)):  # fmt: skip
                     out.append(f"{name}:{mv.version}")
         return out
 
@@ -218,6 +221,8 @@ class Catalog:
                         f"application '{app}': model '{name}' has no current version "
                         "(it answers only default outputs)"
                     )
+                elif _scales_to_zero(mv) and not self.live(name, mv.version):
+                    continue  # ready but cold: its queries wait for the replica it starts
                 elif mv.num_replicas and not self.live(name, mv.version):
                     out.append(
                         f"application '{app}': model '{name}:{mv.version}' has no replica connected"
@@ -228,6 +233,21 @@ class Catalog:
 
     def ready(self) -> bool:
         return not self.reasons()
+
+    def cold(self, app: str | None = None) -> list[str]:
+        """``model:version (scaled to zero)`` (or ``(waking from zero)``: its replica is
+        starting) for every linked model (of ``app``, if given) whose current version scales
+        to zero and has no replica connected: ready, but its next query waits for a start."""
+        out = []
+        for name, names in sorted(self.registry.links.items()):
+            for model in names if app is None or name == app else ():
+                mv = self.version(model)
+                if mv is not None and _scales_to_zero(mv) and not self.live(model, mv.version):
+                    what = "scaled to zero" if mv.num_replicas == 0 else "waking from zero"
+                    entry = f"{model}:{mv.version} ({what})"
+                    if entry not in out:
+                        out.append(entry)
+        return out
 
     def app_reasons(self, app: Application, version: str | None = None) -> list[str]:
         """Why ``app`` cannot answer with a prediction now, one line each; empty when it can:
@@ -283,6 +303,8 @@ class Catalog:
         if self.live(name, mv.version) is not None:
             bad = self.failing(name, mv.version)
             return [] if bad is None else [bad.reason(f"{name}:{mv.version}")]
+        if _scales_to_zero(mv):
+            return []  # ready but cold: a query wakes it and waits (Catalog.cold)
         if mv.num_replicas == 0:
             return [f"model '{name}:{mv.version}' has no replica connected (none is configured: "
                     "num_replicas is 0)"]  # fmt: skip
@@ -305,3 +327,7 @@ class Catalog:
                     why = self._why_not(target, None, seen)
             out.extend(f"stage '{stage.name}' ({stage.target}): {w}" for w in why)
         return out
+
+
+def _scales_to_zero(mv: ModelVersion) -> bool:
+    return mv.autoscale is not None and mv.autoscale.scales_to_zero

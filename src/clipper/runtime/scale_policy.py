@@ -20,6 +20,10 @@ rule (docs/autoscaling.md):
   what it does one input at a time: :data:`DOWN_BATCHING_TRUST`), no more than
   ``shed_threshold`` was shed or late, and, if that smaller count was once left by scaling
   up, the load is a tenth below the rate it was left at;
+* **to zero**, with ``min_replicas`` 0, once no query came for ``scale_to_zero_after_s`` (and
+  as long since the last change); **from zero**, to one replica, when queries came while it
+  had none (the scheduler's held queries wake it at once through
+  :meth:`~clipper.runtime.autoscaler.Autoscaler.wake`; this is the rule's own backstop);
 * always within ``[min_replicas, max_replicas]``.
 
 Why the count does not oscillate: the capacity estimate is the controllers' latency lines read
@@ -73,7 +77,9 @@ class Sample:
 @dataclass(frozen=True, slots=True)
 class Decision:
     replicas: int
-    reason: str  # "utilization", "shedding", "quiet", "min_replicas" or "max_replicas"
+    # "utilization", "shedding", "quiet", "idle" (to zero), "cold_start" (from zero),
+    # "min_replicas" or "max_replicas"
+    reason: str
     detail: str  # for people: the figures behind it
 
 
@@ -101,6 +107,7 @@ class ScalePolicy:
         self._last: tuple[float, int, int, int] | None = None
         self._burst = 0.0  # the rate since shedding began, at the last shedding decision
         self._since = start
+        self._offered_at = start  # when the last interval with any offered input ended
         self.capacity_rps = 0.0  # smoothed as the rate is; kept while no replica has data
         self.floor_rps = 0.0  # what a scale-down prices one replica at, smoothed the same way
         self.rate = 0.0  # arrivals/s over the last half up window
@@ -149,6 +156,22 @@ class ScalePolicy:
         if not self._add(s):
             return None
         newest = self._intervals[-1]
+        if newest.offered:
+            self._offered_at = s.at
+        if n == 0:
+            if newest.offered:
+                return Decision(
+                    1, "cold_start", f"{newest.offered} inputs offered with no replica running"
+                )
+            self.note = "scaled to zero: the next query wakes it"
+            return None
+        if cfg.min_replicas == 0:
+            quiet = s.at - max(self._offered_at, self._since)
+            if quiet >= cfg.scale_to_zero_after_s - 1e-9:
+                return Decision(
+                    0, "idle", f"no query for {quiet:.0f} s (scale_to_zero_after_s "
+                    f"{cfg.scale_to_zero_after_s:g})"
+                )  # fmt: skip
         self.utilization = newest.demand / n if newest.demand > 0.0 else None
         up = self._window(s.at, cfg.up_window_s)
         # Shed or late counts from half an up window after the last change: until then, what
@@ -224,6 +247,13 @@ class ScalePolicy:
         cfg = self.config
         if n <= cfg.min_replicas:
             self.note = f"at min_replicas ({cfg.min_replicas})"
+            return None
+        if n == 1:  # min_replicas 0: the last replica goes only when idle (the rule above)
+            quiet = at - max(self._offered_at, self._since)
+            self.note = (
+                f"one replica; to zero after {cfg.scale_to_zero_after_s:g} s without a query "
+                f"(quiet for {quiet:.0f} s)"
+            )
             return None
         window = self._window(at, cfg.down_window_s)
         # Priced at the worst replica's capacity (the one that stays may be the slower one),
