@@ -148,7 +148,9 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     )
     m.add_argument("name")
     m.add_argument("--version", help="default: the current one")
-    m.add_argument("--min", type=int, dest="min_replicas", help="fewest replicas (default 1)")
+    m.add_argument(
+        "--min", type=int, dest="min_replicas", help="fewest replicas (default 1; 0: scale to zero)"
+    )
     m.add_argument("--max", type=int, dest="max_replicas", help="most replicas (default 4)")
     m.add_argument(
         "--target", type=float, dest="target_utilization", help="utilisation to run at (0.7)"
@@ -156,6 +158,14 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     m.add_argument("--up-window", type=float, dest="up_window_s", help="seconds (15)")
     m.add_argument("--down-window", type=float, dest="down_window_s", help="seconds (180)")
     m.add_argument("--interval", type=float, dest="interval_s", help="seconds per sample (1)")
+    m.add_argument(
+        "--scale-to-zero-after", type=float, dest="scale_to_zero_after_s",
+        help="with --min 0: seconds without a query before the last replica goes (300)",
+    )  # fmt: skip
+    m.add_argument(
+        "--max-held", type=int, dest="max_held_queries",
+        help="inputs held while a version wakes from zero; beyond: the default at once (64)",
+    )  # fmt: skip
     m.add_argument(
         "--shed-threshold", type=float, dest="shed_threshold", help="share shed or late (0.01)"
     )
@@ -313,6 +323,11 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
             f"{view['min_replicas']} to {view['max_replicas']} replicas at "
             f"{view['target_utilization']:.0%} utilisation; {view['num_replicas']} now"
         )
+        if view["min_replicas"] == 0 and view["enabled"]:
+            out += (
+                f" ({view.get('state', 'running')}; to zero after "
+                f"{view['scale_to_zero_after_s']:g} s without a query)"
+            )
     elif cmd == "model" and action == "set-version":
         _progress(
             f"switching {args.name} to version {args.version}",
@@ -359,6 +374,8 @@ _AUTOSCALE = (
     "down_window_s",
     "interval_s",
     "shed_threshold",
+    "scale_to_zero_after_s",
+    "max_held_queries",
 )
 
 

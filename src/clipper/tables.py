@@ -44,7 +44,15 @@ def autoscale_rows(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "target": a["target_utilization"],
                 "utilization": None if util is None else round(util, 2),
                 "last_decision": last.get("reason"),
-                "note": st.get("note") if a["driven_here"] else "driven by another frontend",
+                "note": _note(a, st),
             }
         )
     return rows
+
+
+def _note(a: dict[str, Any], st: dict[str, Any]) -> object:
+    """The autoscaling table's note: the decision state, led by ``scaled to zero`` (or
+    ``waking from zero``) when the version has no replica for that reason."""
+    note = st.get("note") if a["driven_here"] else "driven by another frontend"
+    state = a.get("state", "running")
+    return note if state == "running" else f"{state}: {note}"

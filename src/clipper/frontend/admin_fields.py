@@ -135,7 +135,8 @@ SCHEMAS: dict[str, str] = {
         '{"model_name" := string, "model_version" := string (optional: the current one), '
         '"enabled" := bool, "min_replicas" := int, "max_replicas" := int, '
         '"target_utilization" := number, "up_window_s" := number, "down_window_s" := number, '
-        '"interval_s" := number, "shed_threshold" := number} (all settings optional)'
+        '"interval_s" := number, "shed_threshold" := number, "scale_to_zero_after_s" := number, '
+        '"max_held_queries" := int} (all settings optional; min_replicas 0: scale to zero)'
     ),
     "get_logs": '{"max_bytes" := int (optional)}',
     "set_traffic_split": (

@@ -251,6 +251,7 @@ class SingleRunner:
             left = q.deadline - app.answer_margin_s - self.clock.now()
             why = sched.cold.hold(len(sched.queue), q.n, left)
             if why is not None:
+                sched.offered += q.n  # load all the same: the autoscaler's sample wakes it too
                 q.all_default(DefaultReason.COLD_START, why)
                 return
         cause = self._behind(t0, q.deadline - app.answer_margin_s, sched)
