@@ -36,7 +36,6 @@ from pathlib import Path
 import zmq
 import zmq.auth
 import zmq.utils.z85
-from zmq.utils.monitor import recv_monitor_message
 
 from clipper.errors import ConfigError
 
@@ -255,6 +254,10 @@ class RpcGuard:
     def _run(
         self, zap: zmq.Socket[bytes], monitor: zmq.Socket[bytes], ctl: zmq.Socket[bytes]
     ) -> None:
+        # Here, not at the top: zmq.utils.monitor imports asyncio (about 35 ms), and a model
+        # container, which imports this module for its client keys, never runs a guard.
+        from zmq.utils.monitor import recv_monitor_message
+
         poller = zmq.Poller()
         for s in (zap, monitor, ctl):
             poller.register(s, zmq.POLLIN)
