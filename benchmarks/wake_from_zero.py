@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
 import tempfile
@@ -107,6 +108,10 @@ BUILDERS: dict[str, Callable[[Path], Any]] = {
 }
 
 
+def _stopped(pids: list[int]) -> bool:
+    return not any(pid_alive(p) for p in pids)
+
+
 async def measure(c: Clipper, name: str, artifact: Path, wakes: int) -> dict[str, Any]:
     await c.register_application(name, "doubles", "-1", SLO_US)
     await c.deploy_model(name, "1", artifact=str(artifact), input_type="doubles")
@@ -128,7 +133,7 @@ async def measure(c: Clipper, name: str, artifact: Path, wakes: int) -> dict[str
             lambda: c.registry.models[name]["1"].num_replicas == 0 and not sched.replicas,
             limit_s=60, what="scaled to zero",
         )  # fmt: skip
-        await wait_for(lambda: not any(pid_alive(p) for p in pids), limit_s=30, what="stopped")
+        await wait_for(functools.partial(_stopped, pids), limit_s=30, what="stopped")
         t0 = time.perf_counter()
         doc = await predict_ok(c.query_url, name, row, limit_s=120)
         request_s.append(time.perf_counter() - t0)

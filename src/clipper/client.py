@@ -263,7 +263,8 @@ class Client:
     ) -> dict[str, Any]:
         """Scale ``name`` (its current version, or ``version``) to its SLO: ``min_replicas``,
         ``max_replicas``, ``target_utilization``, ``up_window_s``, ``down_window_s``,
-        ``interval_s``, ``shed_threshold``, ``enabled`` (docs/autoscaling.md); settings not
+        ``interval_s``, ``shed_threshold``, ``scale_to_zero_after_s``, ``max_held_queries``,
+        ``enabled`` (docs/autoscaling.md; ``min_replicas`` 0: scale to zero); settings not
         given keep their values. Returns the version's autoscaling view."""
         doc: dict[str, Any] = {"model_name": name, **settings}
         if version is not None:

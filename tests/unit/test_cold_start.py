@@ -96,7 +96,7 @@ def test_a_held_query_gets_the_cold_start_default_at_its_deadline(cold: Cold) ->
     p = got.one()
     assert got.at == pytest.approx(t0 + due, abs=1e-9)
     assert p.reason is DefaultReason.COLD_START and p.output == -1
-    assert "starting from zero replicas" in p.explanation
+    assert p.explanation.startswith("model m:1 is starting from zero replicas (waking for 18 ms)")
     cold.f.clock.advance(1.0)
     assert len(cold.sched.queue) == 0  # the scheduler's expiry dropped the held input
     cold.connect()

@@ -154,7 +154,7 @@ class _Query(Abandonable, PendingQuery):
         sched = self.sched
         if sched is not None and not sched.replicas:
             if sched.cold is not None:
-                return DefaultReason.COLD_START, sched.cold.explain(self.model)
+                return DefaultReason.COLD_START, sched.cold.explain(f"{self.model}:{self.version}")
             return DefaultReason.NO_REPLICA, (
                 f"No replica of model {self.model}:{self.version} is alive: the replica "
                 "holding this query failed or left before answering"
