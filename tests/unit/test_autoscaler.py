@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from clipper.batching.cold import ColdStart
 from clipper.batching.controllers import AIMDController, BatchController, FixedController
 from clipper.batching.scheduler import ModelScheduler
 from clipper.clock import FakeClock
@@ -43,6 +44,7 @@ class StubScheduler:
         self.replicas: list[StubReplica] = []
         self.offered = self.shed = self.late = 0
         self.stalled = self.overran = self.lag_shed = 0
+        self.cold: ColdStart | None = None
 
 
 class RecordingControl:
@@ -347,3 +349,47 @@ async def test_a_constant_load_at_the_measured_flap_keeps_two_replicas() -> None
     assert h.control.calls == [("m", "1", 1)] and h.replicas == 1
     await h.run(60, 15, replicas=trace)
     assert len(h.control.calls) == 1
+
+
+async def test_an_idle_version_goes_to_zero_and_a_held_query_wakes_it_at_once() -> None:
+    h = Harness(version(min_replicas=0, scale_to_zero_after_s=4.0))
+    await h.run(1, 0)
+    cold = h.sched.cold
+    assert isinstance(cold, ColdStart) and cold.limit == 64  # the hold rules are attached
+    view = h.autoscaler.view(h.registry.models["m"]["1"])
+    assert view is not None and view["state"] == "running"
+    await h.run(4, 0)
+    assert h.control.calls == [("m", "1", 0)] and h.replicas == 0
+    assert h.metric("clipper_autoscale_last_decision", reason="idle") == 1.0
+    h.sched.replicas = []
+    view = h.autoscaler.view(h.registry.models["m"]["1"])
+    assert view is not None and view["state"] == "scaled to zero"
+    # a query finds no replica: the wake is asked at once, not at the next sample
+    assert cold.hold(0, 1, 10.0) is None
+    assert cold.hold(1, 1, 10.0) is None  # a second one while the wake runs: no second call
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert h.control.calls == [("m", "1", 0), ("m", "1", 1)] and h.replicas == 1
+    assert h.metric("clipper_autoscale_last_decision", reason="cold_start") == 1.0
+    view = h.autoscaler.view(h.registry.models["m"]["1"])
+    assert view is not None and view["state"] == "waking from zero"
+    cold.hold(0, 1, 10.0)  # already at one replica (starting): nothing more is asked
+    await asyncio.sleep(0)
+    assert len(h.control.calls) == 2
+    # settings without scale to zero take the hold rules away
+    mv = h.registry.models["m"]["1"]
+    assert mv.autoscale is not None
+    h.registry.replace_model(replace(mv, autoscale=replace(mv.autoscale, min_replicas=1)))
+    await h.run(1, 0)
+    assert h.sched.cold is None
+
+
+async def test_only_the_driving_frontend_wakes_a_version() -> None:
+    h = Harness(version(owner="another-frontend", min_replicas=0))
+    h.registry.set_num_replicas("m", "1", 0)
+    await h.run(1, 0)
+    cold = h.sched.cold
+    assert isinstance(cold, ColdStart)  # held here too
+    assert cold.hold(0, 1, 10.0) is None
+    await asyncio.sleep(0)
+    assert h.control.calls == []
