@@ -71,7 +71,7 @@ async def test_an_idle_version_goes_to_zero_and_a_query_wakes_it(tmp_path: Path)
         assert last is not None and last.decision.reason == "cold_start"
         assert count() == 1 and sched_replicas() == 1
         ready = await request(f"{c.query_url}/ready")
-        assert ready.status == 200 and ready.json()["scaled_to_zero"] == []
+        assert ready.status == 200 and "scaled_to_zero" not in ready.json()
 
         # back to zero; then a query whose SLO a container start cannot fit
         await wait_for(lambda: count() == 0 and sched_replicas() == 0, limit_s=30,

@@ -217,13 +217,12 @@ class QueryRoutes:
                 # frontends out of rotation for it would take out every healthy app too.
                 catalog = self.svc.catalog
                 reasons = catalog.reasons(model_errors="ignore" not in params)
-                json_response(
-                    respond, 200 if not reasons else 503,
-                    {"ready": not reasons, "models_without_replicas": catalog.unready(),
-                     "failing_models": catalog.failing_models(), "reasons": reasons,
-                     "scaled_to_zero": catalog.cold(),
-                     "draining": catalog.withdrawn is not None},
-                )  # fmt: skip
+                doc = {"ready": not reasons, "models_without_replicas": catalog.unready(),
+                       "failing_models": catalog.failing_models(), "reasons": reasons,
+                       "draining": catalog.withdrawn is not None}  # fmt: skip
+                if cold := catalog.cold():  # ready but cold: only when there are some
+                    doc["scaled_to_zero"] = cold
+                json_response(respond, 200 if not reasons else 503, doc)
                 return
             if path.endswith(("/ready", "/ready/")):
                 app, _, verb = (path[1:-1] if path.endswith("/") else path[1:]).partition("/")
@@ -290,7 +289,8 @@ class QueryRoutes:
             doc["version"] = version
         doc["ready"] = not reasons
         doc["reasons"] = reasons
-        doc["scaled_to_zero"] = self.svc.catalog.cold(name)
+        if cold := self.svc.catalog.cold(name):
+            doc["scaled_to_zero"] = cold
         json_response(respond, 200 if not reasons else 503, doc)
 
 
