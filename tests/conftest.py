@@ -45,3 +45,18 @@ def trust_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Admission prices queues after one measured batch (in service, after a few): for tests
     whose arithmetic follows a single batch."""
     monkeypatch.setattr("clipper.batching.scheduler.TRUSTED_AFTER_BATCHES", 1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``slow`` tests (the longest integration scenarios: shared replicas through an owner's
+    death, HAProxy failover, workers, the autoscaler's load trace, the longest SIGKILL rounds)
+    run only when selected (``-m slow``, as ``.ci/run`` does), so the README's test command
+    stays within about five minutes. Any ``-m`` expression that does not exclude them decides
+    for itself (``-m kill`` keeps its slow long rounds)."""
+    markexpr = str(config.getoption("markexpr", "") or "")
+    if markexpr and "not slow" not in markexpr:
+        return
+    skip = pytest.mark.skip(reason="a slow integration scenario: run with -m slow (.ci/run does)")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)

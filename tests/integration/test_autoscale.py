@@ -105,6 +105,7 @@ class Load:
         await asyncio.gather(*self._inflight, return_exceptions=True)
 
 
+@pytest.mark.slow
 async def test_replicas_follow_the_load_up_and_back_and_p99_meets_the_slo(
     tmp_path: Path,
 ) -> None:

@@ -183,6 +183,7 @@ async def test_artifacts_pack_to_a_stable_checksum(
     assert first.kind == "tar" and first.sha256 == second.sha256
 
 
+@pytest.mark.slow
 async def test_unreachable_then_refused_then_reached_is_logged_clearly_and_readiness_follows(
     tmp_path: Path, containers: Containers
 ) -> None:

@@ -407,6 +407,7 @@ async def orphans_of(killed_pid: int) -> list[int]:
     return container_pids(killed_pid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rounds", ROUND_PARAMS, indirect=True)
 async def test_deploy_and_set_version_killed_mid_call_leave_no_orphans_and_retry_succeeds(
     frontend: FrontendProcess, rounds: int, seed: int, tmp_path: Path

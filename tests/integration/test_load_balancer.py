@@ -67,6 +67,7 @@ REQUIRE = bool(os.environ.get("CLIPPER_REQUIRE_LB"))
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,
     pytest.mark.skipif(
         (HAPROXY is None or REDIS_SERVER is None) and not REQUIRE,
         reason="haproxy or redis-server is not installed (apt-get install -y haproxy "

@@ -37,6 +37,7 @@ from tests.integration.redis_server import REDIS_SERVER, start_redis, stop_redis
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,
     pytest.mark.skipif(
         REDIS_SERVER is None and not os.environ.get("CLIPPER_REQUIRE_REDIS"),
         reason="redis-server is not installed (apt-get install -y redis-server); "

@@ -329,6 +329,7 @@ async def test_redis_outage_calls_answer_503_or_persist_and_frontends_converge(
     )
 
 
+@pytest.mark.slow
 async def test_a_frontend_whose_pubsub_connection_was_killed_still_hears_changes(
     cluster: Cluster,
 ) -> None:

@@ -29,7 +29,7 @@ from tests.integration.frontend_process import (
 )
 from tests.integration.helpers import predict, request, wait_for, write_row_sums
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 START_LIMIT_S = 90.0
 INPUT = [1.0, 2.0, 3.5]
