@@ -19,6 +19,7 @@ with few cores the ratio between N = 2 and N = 1 is bounded by what wrk leaves.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import subprocess
@@ -38,7 +39,7 @@ import loadgen
 import models
 from report import free_port
 
-from clipper.runtime.processes import containers_with
+from clipper.runtime.processes import container_args, containers_with
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -67,8 +68,17 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def replica_pids(parents: Sequence[int]) -> list[int]:
-    return [pid for p in parents for pid in containers_with(b"--parent-pid", str(p).encode())]
+def replica_pids(parents: Sequence[int], state: Path) -> list[int]:
+    """This deployment's replicas: a worker's own (``--parent-pid``) or shared ones, which
+    have no parent and are known by their key directory inside the deployment's state dir."""
+    own = {pid for p in parents for pid in containers_with(b"--parent-pid", str(p).encode())}
+    prefix = str(state).encode()
+    shared = {
+        pid
+        for pid, argv in container_args()
+        if any(f == b"--rpc-keys" and v.startswith(prefix) for f, v in itertools.pairwise(argv))
+    }
+    return sorted(own | shared)
 
 
 def admin(port: int, route: str, doc: Any, timeout_s: float = 120.0) -> Any:
@@ -139,7 +149,7 @@ def run_one(n: int, args: argparse.Namespace, artifact: str, body: bytes) -> Row
             url = f"http://127.0.0.1:{query}/bench/predict"
             loadgen.run_wrk(url, body, args.concurrency, 2.0, count_defaults=False)  # warm-up
             pids = frontend_pids(proc, state, n)
-            replicas = replica_pids([p for k, p in pids.items() if k >= 0])
+            replicas = replica_pids([p for k, p in pids.items() if k >= 0], state)
             before = {k: cpu_s(p) for k, p in pids.items()}
             rep_before = sum(cpu_s(p) for p in replicas)
             result = loadgen.run_wrk(url, body, args.concurrency, args.duration)
