@@ -541,7 +541,7 @@ class RayManager:
             self._moving.discard(name)
         if status is None:  # not connected in time, or the slot went meanwhile
             await self._call(self._actors.kill, name, True)
-            if old.state != "stopping":
+            if not self._stopping.is_set():
                 log.warning("ray: the replacement of %s:%s slot %d on node %s did not connect "
                             "in %g s: retired; tried again after the nodes settle",
                             *key, move.slot, move.target[:12], _MOVE_TIMEOUT_S)  # fmt: skip
