@@ -380,17 +380,24 @@ def spread_of(mgr: RayManager, name: str) -> list[str]:
     return sorted(r.node_id for r in mgr.replicas(name, "1") if r.node_id)
 
 
+async def two_replicas(c: Clipper, *labels: str) -> tuple[RayManager, Any]:
+    """Version m:1 with two replicas (no CPU reserved) and ``labels``, linked to an app, once
+    both are placed: its manager and its scheduler."""
+    await c.register_application("app", "doubles", "-1", 2_000_000)
+    await c.deploy_model("m", "1", node_sums, input_type="doubles", num_replicas=2,
+                         labels=[*labels, "ray:num_cpus=0"])  # fmt: skip
+    await c.link_model_to_app("app", "m")
+    mgr = manager_of(c)
+    await wait_for(lambda: len(spread_of(mgr, "m")) == 2, limit_s=15, what="statuses")
+    return mgr, c.schedulers[("m", "1")]
+
+
 async def test_a_per_node_limit_holds_through_a_node_loss_and_extra_replicas_wait(
     cluster: RayCluster, frontend_factory: Any
 ) -> None:
     c = await frontend_factory()
-    await c.register_application("app", "doubles", "-1", 2_000_000)
     # No CPU reserved: only the limit keeps the replicas apart (resources would not).
-    await c.deploy_model("m", "1", node_sums, input_type="doubles", num_replicas=2,
-                         labels=["ray:max_per_node=1", "ray:num_cpus=0"])  # fmt: skip
-    await c.link_model_to_app("app", "m")
-    mgr, sched = manager_of(c), c.schedulers[("m", "1")]
-    await wait_for(lambda: len(spread_of(mgr, "m")) == 2, limit_s=15, what="statuses")
+    mgr, sched = await two_replicas(c, "ray:max_per_node=1")
     first = spread_of(mgr, "m")
     assert len(set(first)) == 2, first
 
@@ -451,12 +458,7 @@ async def test_a_node_that_joins_gets_one_replica_moved_to_it_without_a_failed_q
     added = [n1, n2]
     try:
         c = await frontend_factory(settle_s="2")
-        await c.register_application("app", "doubles", "-1", 2_000_000)
-        await c.deploy_model("m", "1", node_sums, input_type="doubles", num_replicas=2,
-                             labels=["ray:resource:zone=1", "ray:num_cpus=0"])  # fmt: skip
-        await c.link_model_to_app("app", "m")
-        mgr, sched = manager_of(c), c.schedulers[("m", "1")]
-        await wait_for(lambda: len(spread_of(mgr, "m")) == 2, limit_s=15, what="statuses")
+        mgr, sched = await two_replicas(c, "ray:resource:zone=1")
         assert spread_of(mgr, "m") == sorted([n1.node_id, n2.node_id])
 
         loop = ClosedLoop(c)

@@ -265,27 +265,31 @@ class RayManager:
 
     async def _poll_forever(self) -> None:
         while not await wait_event(self.ctx.clock, self._stopping, self.settings.poll_s):
-            replicas = [r for r in self.all_replicas() if r.placed]
-            try:
-                seen = await self._call(self._actors.statuses, [r.actor_name for r in replicas])
-            except Exception as e:  # the cluster unreachable for a moment: keep the last view
-                log.warning("ray status poll failed: %s", e)
-                continue
-            try:
-                for replica, status in zip(replicas, seen, strict=True):
-                    self._update(replica, status)
-                stale = [
-                    (r.actor_name, r.spec) for r, st in zip(replicas, seen, strict=True)
-                    if isinstance(st, dict) and r.spec and st.get("spec") != r.spec
-                ]  # fmt: skip
-                if stale:  # restarted by Ray with an older address: tell it the current one
-                    await self._call(self._actors.reconfigure, stale)
-                await self._keep_placement(replicas, seen)
-                started = self._started_at or 0.0
-                if self.ctx.clock.now() - started >= self.settings.sweep_after_s:
-                    await self._sweep()
-            except Exception:  # the poll must go on: it is the only view of the replicas
-                log.exception("ray status poll: updating the replica view failed")
+            await self._poll_once()
+
+    async def _poll_once(self) -> None:
+        """One status poll: the replica view, then placement (:meth:`_keep_placement`)."""
+        replicas = [r for r in self.all_replicas() if r.placed]
+        try:
+            seen = await self._call(self._actors.statuses, [r.actor_name for r in replicas])
+        except Exception as e:  # the cluster unreachable for a moment: keep the last view
+            log.warning("ray status poll failed: %s", e)
+            return
+        try:
+            for replica, status in zip(replicas, seen, strict=True):
+                self._update(replica, status)
+            stale = [
+                (r.actor_name, r.spec) for r, st in zip(replicas, seen, strict=True)
+                if isinstance(st, dict) and r.spec and st.get("spec") != r.spec
+            ]  # fmt: skip
+            if stale:  # restarted by Ray with an older address: tell it the current one
+                await self._call(self._actors.reconfigure, stale)
+            await self._keep_placement(replicas, seen)
+            started = self._started_at or 0.0
+            if self.ctx.clock.now() - started >= self.settings.sweep_after_s:
+                await self._sweep()
+        except Exception:  # the poll must go on: it is the only view of the replicas
+            log.exception("ray status poll: updating the replica view failed")
 
     def _update(self, r: RayReplica, status: dict[str, Any] | str | None) -> None:
         if status is None:
