@@ -6,6 +6,12 @@ runs in a network namespace of its own when the tests run as root with ``ip`` av
 test process's main thread joins it (``setns``) before the cluster starts, so everything started
 afterwards (the nodes, the frontend's threads, the containers) shares that namespace's loopback;
 it is left and deleted at the end. Without root it runs in the host's namespace.
+
+The head is started with shorter node health checks than Ray's defaults (a check every 3 s, dead
+after 5 failures, each allowed 10 s: about 15 s before a killed node is declared dead): every
+1 s, dead after 3 failures, each allowed 2 s, so a removed node is declared dead in about 3 s
+and the failover tests measure the manager, not Ray's patience. On a busy machine shorter
+checks risk declaring a live node dead (docs/scale-out.md, "Node-death detection").
 """
 
 from __future__ import annotations
@@ -21,9 +27,15 @@ from typing import Any
 
 import pytest
 
-__all__ = ["RayCluster", "ray_cluster", "require_ray"]
+__all__ = ["HEALTH_CHECKS", "RayCluster", "ray_cluster", "require_ray"]
 
 _CLONE_NEWNET = 0x40000000
+# Ray's system config for the head (the GCS runs the node health checks): see the docstring.
+HEALTH_CHECKS = {
+    "health_check_period_ms": 1000,
+    "health_check_failure_threshold": 3,
+    "health_check_timeout_ms": 2000,
+}
 
 
 def require_ray() -> Any:
@@ -82,8 +94,11 @@ class RayCluster:
     def address(self) -> str:
         return str(self.cluster.address)
 
-    def add_node(self) -> Any:
-        return self.cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    def add_node(self, **resources: float) -> Any:
+        """A worker with one CPU (and the custom ``resources`` given)."""
+        return self.cluster.add_node(
+            num_cpus=1, node_ip_address="127.0.0.1", resources=dict(resources)
+        )
 
     def remove_node(self, node: Any) -> None:
         self.cluster.remove_node(node, allow_graceful=False)
@@ -117,7 +132,7 @@ def ray_cluster(nodes: int = 3) -> Iterator[RayCluster]:
         cluster = Cluster(
             initialize_head=True,
             head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
-                            "include_dashboard": False},
+                            "include_dashboard": False, "_system_config": HEALTH_CHECKS},
         )  # fmt: skip
         try:
             for _ in range(nodes - 1):

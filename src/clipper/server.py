@@ -204,6 +204,7 @@ class Clipper:
                 python=config.python,
                 on_exit=self.directory.process_exited,
                 drain=self.directory.drain,
+                connected=self.directory.connected,
                 nice=config.container_nice,
                 log_max_bytes=config.replica_log_bytes,
                 rpc_keys=rpc_keys,

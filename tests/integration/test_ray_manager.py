@@ -1,7 +1,9 @@
 """The ray:// manager on a real 3-node Ray cluster (``tests/raycluster.py``): replicas as named,
 detached actors, one per node, whose containers fetch the model from the frontend; an actor
 SIGKILLed comes back connected within 5 s; a node removed leaves the others answering and the
-count comes back with a node; a restarted frontend adopts the same actors.
+count comes back with a node; a restarted frontend adopts the same actors. Placement: a
+per-node limit holds through a node's loss (extra replicas wait, saying why), and a node that
+joins gets one replica moved to it, with queries running through the move.
 
 Run with ``-m ray`` in a venv with Ray (``.ci/run`` builds one); skipped without Ray.
 """
@@ -215,7 +217,9 @@ async def test_replicas_on_ray_nodes_survive_kills_node_loss_and_a_frontend_rest
         limit_s=10, what="statuses after the restart",
     )  # fmt: skip
     assert {r.actor_name: r.actor_pid for r in mgr2.all_replicas()} == before
-    assert cluster.named_actors() == names  # none duplicated
+    # None duplicated; the slot lost with its node runs as its next generation (".1").
+    assert cluster.named_actors() == sorted(before)
+    assert sum(n.endswith(".1") for n in before) == 1 and len(names) == 3
     doc = await predict_ok(c2.query_url, "app", {"input": [1.0, 2.0]})
     assert doc["output"] == 3.0 and doc["default"] is False
 
@@ -369,3 +373,143 @@ async def test_clipper_start_with_a_ray_manager_end_to_end(
         assert cluster.named_actors() == []
     finally:
         fe.cleanup()
+
+
+def spread_of(mgr: RayManager, name: str) -> list[str]:
+    """The nodes a version's placed replicas run on (one entry per replica)."""
+    return sorted(r.node_id for r in mgr.replicas(name, "1") if r.node_id)
+
+
+async def two_replicas(c: Clipper, *labels: str) -> tuple[RayManager, Any]:
+    """Version m:1 with two replicas (no CPU reserved) and ``labels``, linked to an app, once
+    both are placed: its manager and its scheduler."""
+    await c.register_application("app", "doubles", "-1", 2_000_000)
+    await c.deploy_model("m", "1", node_sums, input_type="doubles", num_replicas=2,
+                         labels=[*labels, "ray:num_cpus=0"])  # fmt: skip
+    await c.link_model_to_app("app", "m")
+    mgr = manager_of(c)
+    await wait_for(lambda: len(spread_of(mgr, "m")) == 2, limit_s=15, what="statuses")
+    return mgr, c.schedulers[("m", "1")]
+
+
+async def test_a_per_node_limit_holds_through_a_node_loss_and_extra_replicas_wait(
+    cluster: RayCluster, frontend_factory: Any
+) -> None:
+    c = await frontend_factory()
+    # No CPU reserved: only the limit keeps the replicas apart (resources would not).
+    mgr, sched = await two_replicas(c, "ray:max_per_node=1")
+    first = spread_of(mgr, "m")
+    assert len(set(first)) == 2, first
+
+    loop = ClosedLoop(c)
+    try:
+        await loop.more(20)
+        victim = next(w for w in cluster.workers if w.node_id in first)
+        worst = 1
+
+        def replaced() -> bool:  # and never two on one node meanwhile
+            nonlocal worst
+            now = spread_of(mgr, "m")
+            worst = max([worst, *(now.count(n) for n in now)])
+            return (len(now) == 2 and victim.node_id not in now and len(sched.replicas) == 2
+                    and {r.token for r in mgr.replicas("m", "1")}
+                    == {x.address for x in sched.replicas})  # fmt: skip
+
+        t0 = time.monotonic()
+        cluster.remove_node(victim)
+        await wait_for(replaced, limit_s=30, interval=0.05, what="the replacement connected")
+        print(f"node removed -> replacement connected on the third node: "
+              f"{time.monotonic() - t0:.2f} s")  # fmt: skip
+        now = spread_of(mgr, "m")
+        assert worst == 1 and len(set(now)) == 2, now
+        assert [r.generation for r in mgr.replicas("m", "1")].count(1) == 1
+        await loop.more(20)
+
+        # Three replicas, two nodes left, at most one per node: the third waits and says why.
+        await c.set_num_replicas("m", 3, "1", wait=False)
+
+        async def waiting_shown() -> bool:
+            resp = await request(
+                c.admin_url + "/admin/get_replicas", "POST", b'{"unconnected": true}'
+            )
+            return any(v["location"] == "ray:unplaced" for v in resp.json())
+
+        await wait_for(waiting_shown, limit_s=15, what="the unplaced slot in get_replicas")
+        [waiting] = [r for r in mgr.replicas("m", "1") if not r.placed]
+        assert "max_per_node=1" in waiting.log_tail() and waiting.state == "starting"
+        assert len(set(spread_of(mgr, "m"))) == 2
+        # A node joins: the waiting replica is placed on it at once (no settling for that).
+        t0 = time.monotonic()
+        cluster.add_node()
+        await wait_for(lambda: len(sched.replicas) == 3, limit_s=30, what="the third replica")
+        print(f"node added -> waiting replica connected: {time.monotonic() - t0:.2f} s")
+        now = spread_of(mgr, "m")
+        assert len(now) == 3 and len(set(now)) == 3, now
+        await loop.more(20)
+    finally:
+        await loop.stop()
+
+
+async def test_a_node_that_joins_gets_one_replica_moved_to_it_without_a_failed_query(
+    cluster: RayCluster, frontend_factory: Any
+) -> None:
+    # Nodes of a "zone" (a custom resource the others lack) hold this version's replicas.
+    n1, n2 = cluster.add_node(zone=10), cluster.add_node(zone=10)
+    added = [n1, n2]
+    try:
+        c = await frontend_factory(settle_s="2")
+        mgr, sched = await two_replicas(c, "ray:resource:zone=1")
+        assert spread_of(mgr, "m") == sorted([n1.node_id, n2.node_id])
+
+        loop = ClosedLoop(c)
+        try:
+            await loop.more(20)
+            # One zone node lost: its replica goes beside the other (the soft spread: one
+            # zone node alive, so two per node).
+            t0 = time.monotonic()
+            cluster.remove_node(n2)
+            added.remove(n2)
+            await wait_for(
+                lambda: spread_of(mgr, "m") == [n1.node_id, n1.node_id]
+                and len(sched.replicas) == 2,
+                limit_s=30, interval=0.05, what="both replicas on the surviving zone node",
+            )  # fmt: skip
+            print(f"zone node removed -> replacement connected beside the other: "
+                  f"{time.monotonic() - t0:.2f} s")  # fmt: skip
+            await loop.more(20)
+
+            # A zone node joins: after settle_s, one replica moves to it, draining first.
+            t0 = time.monotonic()
+            n3 = cluster.add_node(zone=10)  # holds the event loop while the node starts
+            added.append(n3)
+            joined = time.monotonic()
+            await loop.more(10)
+            defaults = loop.defaults
+            await wait_for(
+                lambda: spread_of(mgr, "m") == sorted([n1.node_id, n3.node_id])
+                and len(sched.replicas) == 2
+                and {r.token for r in mgr.replicas("m", "1")}
+                == {x.address for x in sched.replicas},
+                limit_s=60, interval=0.05, what="one replica moved to the new node",
+            )  # fmt: skip
+            moved = time.monotonic()
+            await wait_for(  # the old actor stopped and killed after its drain
+                lambda: len([n for n in cluster.named_actors() if "/m/1/" in n]) == 2,
+                limit_s=30, interval=0.05, what="the old actor retired",
+            )  # fmt: skip
+            print(
+                f"zone node added (add_node {joined - t0:.2f} s) -> replacement serving and "
+                f"the old one drained: {moved - t0:.2f} s, the old actor gone: "
+                f"{time.monotonic() - t0:.2f} s (settle_s 2)"
+            )
+            assert moved - joined >= 2  # not before the nodes settled
+            await loop.more(30)
+            assert loop.defaults == defaults  # every query of the move answered by a model
+        finally:
+            await loop.stop()
+        # One slot re-placed (its node lost) and one moved: two new generations in all.
+        assert sum(r.generation for r in mgr.replicas("m", "1")) == 2
+        await c.stop_model("m", "1")
+    finally:
+        for n in added:
+            cluster.remove_node(n)

@@ -37,6 +37,9 @@ def test_the_url_gives_address_namespace_and_default_placement() -> None:
         ("auto?num_gpus=-1", r"ray num_gpus must be >= 0"),
         ("auto?strategy=pack", r"strategy must be default or spread"),
         ("auto?num_cpus", r"bad parameters"),
+        ("auto?max_per_node=0", r"ray max_per_node must be a whole number >= 1, got '0'"),
+        ("auto?max_per_node=1.5", r"ray max_per_node must be a whole number >= 1"),
+        ("auto?settle_s=soon", r"ray settle_s must be a number, got 'soon'"),
     ],
 )
 def test_a_bad_url_says_what_is_wrong(rest: str, match: str) -> None:
@@ -54,6 +57,19 @@ def test_a_versions_labels_override_the_url_placement() -> None:
     assert version_placement(base, version("plain")) == base
     with pytest.raises(ConfigError, match=r"label 'ray:cpus=2' is not ray:num_cpus=N"):
         version_placement(base, version("ray:cpus=2"))
+
+
+def test_the_per_node_limit_and_the_settle_time_from_the_url_and_labels() -> None:
+    s = parse_ray_url("auto?max_per_node=2&settle_s=3")
+    assert s.placement.max_per_node == 2 and s.settle_s == 3.0
+    bare = parse_ray_url("auto")
+    assert bare.placement.max_per_node is None and bare.settle_s == 10.0
+    p = version_placement(bare.placement, version("ray:max_per_node=1", "ray:num_gpus=0.5"))
+    assert p.max_per_node == 1 and p.demand() == {"CPU": 1.0, "GPU": 0.5}
+    assert version_placement(s.placement, version("plain")).max_per_node == 2
+    with pytest.raises(ConfigError, match=r"ray max_per_node must be a whole number"):
+        version_placement(bare.placement, version("ray:max_per_node=none"))
+    assert Placement(num_cpus=0, resources=(("accel", 1.0),)).demand() == {"accel": 1.0}
 
 
 def test_without_ray_the_manager_says_how_to_install_it(tmp_path: Path) -> None:

@@ -121,6 +121,10 @@ class ManagerContext:
     node_id: Callable[[], str] = lambda: ""
     # Set when replicas are shared by the frontends (None: each frontend's are its children).
     shared: SharedReplicas | None = None
+    # Whether the container that presented a replica token is connected to this frontend (a
+    # manager that moves a replica waits for its replacement to connect before it drains the
+    # old one). None: the manager cannot tell.
+    connected: Callable[[str], bool] | None = None
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:

@@ -3,21 +3,32 @@ the replicas, ZeroMQ stays the data path.
 
 Each replica slot is a named, detached, restartable actor
 (:class:`clipper.managers.ray_replica.ReplicaSupervisor`) called
-``clipper/<frontend node id>/<model>/<version>/<slot>`` in the manager's namespace. The name makes
-it idempotent: a restarted frontend (same state directory, so the same node id) asks for the same
-names and adopts the actors that still run (``get_if_exists``), telling them its current address,
-instead of starting duplicates. Actors of its own that it no longer wants (a version deleted, or
-scaled down, while it was away) are drained and killed once it has been up for a while.
+``clipper/<frontend node id>/<model>/<version>/<slot>[.<generation>]`` in the manager's
+namespace. The name makes it idempotent: a restarted frontend (same state directory, so the same
+node id) finds its actors by name and adopts those that still run (``get_if_exists``), telling
+them its current address, instead of starting duplicates. Actors of its own that it no longer
+wants (a version deleted, or scaled down, while it was away) are drained and killed once it has
+been up for a while.
 
-Every Ray call blocks, so each runs on the manager's own small thread pool, never on the event
-loop; the replica view (:meth:`RayManager.replicas`) is what a status poll, every ``poll_s``,
-last saw: container pid, state, node, restarts (of the container and of the actor).
+Each new actor is pinned to the node the planner (:mod:`clipper.managers.ray_spread`) chose
+(``NodeAffinitySchedulingStrategy(node, soft=False)``), within the version's per-node limit. A
+replica whose node died is re-placed at once (a new generation on another node); one with no
+node to go to waits unplaced, its status saying why. Once the set of alive nodes has stayed the
+same ``settle_s``, a version spread unevenly (a node came back, or a new one joined) has one
+replica at a time moved: a replacement started on the emptier node, and only once it is
+connected to this frontend is the old one drained and retired.
+
+Every Ray call blocks (:mod:`clipper.managers.ray_actors`), so each runs on the manager's own
+small thread pool, never on the event loop; the replica view (:meth:`RayManager.replicas`) is
+what a status poll, every ``poll_s``, last saw: container pid, state, node, restarts (of the
+container and of the actor).
 
 Placement (:mod:`clipper.managers.ray_settings`), from the URL's parameters, overridden per
 model version by its labels ``ray:<param>=<value>`` (see docs/scale-out.md): ``num_cpus``
 (default 1), ``num_gpus``
 (fractional shares a GPU), ``resource.<NAME>`` (custom resources), ``node`` (hard affinity to
-a node id), ``strategy`` (``default`` or ``spread``).
+a node id), ``strategy`` (``default`` or ``spread``), ``max_per_node`` (the hard per-node
+limit).
 """
 
 from __future__ import annotations
@@ -35,7 +46,9 @@ from typing import Any, TypeVar
 from clipper.clock import wait_event
 from clipper.errors import ConfigError, ReplicaError
 from clipper.managers.base import ContainerManager, ManagerContext
+from clipper.managers.ray_actors import GONE, RayActors, actor_name
 from clipper.managers.ray_settings import Placement, RaySettings, parse_ray_url, version_placement
+from clipper.managers.ray_spread import Move, NodeState, plan_spread
 from clipper.registry import ModelVersion
 
 __all__ = ["RayManager", "RayReplica", "build_ray"]
@@ -44,8 +57,10 @@ log = logging.getLogger("clipper.manager")
 
 T = TypeVar("T")
 
-_CALL_TIMEOUT_S = 10.0
-_DEAD = "dead"
+# A moved replica's replacement must connect within this, else it is retired and the move is
+# tried again after another settle period.
+_MOVE_TIMEOUT_S = 120.0
+Key = tuple[str, str]
 
 
 @dataclass(slots=True)
@@ -56,6 +71,7 @@ class RayReplica:
     version: str
     slot: int
     actor_name: str
+    generation: int = 0  # 0: the slot's first actor; +1 for each that replaced it
     token: str = ""
     pid: int | None = None
     restarts: int = 0
@@ -72,9 +88,23 @@ class RayReplica:
     container_restarts: int = field(default=0, repr=False)
     misses: int = field(default=0, repr=False)  # polls in a row without an answer
     spec: dict[str, Any] = field(default_factory=dict, repr=False)  # what it should run
+    # Placement: whether an actor was asked for, on which node (the planner's choice; "" for
+    # an adopted one until its status says), and why it waits when it has none.
+    placed: bool = True
+    target: str = ""
+    waiting: str = ""
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log.splitlines()[-lines:])
+
+
+@dataclass(slots=True)
+class _Wanted:
+    """What a version's replicas run and reserve (from its last ensure)."""
+
+    placement: Placement
+    spec: dict[str, Any]
+    keys: dict[str, bytes] | None
 
 
 class RayManager:
@@ -82,12 +112,20 @@ class RayManager:
         self.settings = settings
         self.ctx = ctx
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="clipper-ray")
-        self._groups: dict[tuple[str, str], list[RayReplica]] = {}
-        self._handles: dict[str, Any] = {}
+        self._actors = RayActors(
+            settings.namespace, stop_timeout_s=settings.stop_timeout_s, poll_s=settings.poll_s
+        )
+        self._groups: dict[Key, list[RayReplica]] = {}
+        self._wanted: dict[Key, _Wanted] = {}
+        self._locks: dict[Key, asyncio.Lock] = {}
         self._watcher: asyncio.Task[None] | None = None
+        self._mover: asyncio.Task[None] | None = None
+        self._moving: set[str] = set()  # replacements being started by the mover
         self._stopping = asyncio.Event()
         self._started_at: float | None = None
-        self._actor_class: Any = None
+        self._alive: frozenset[str] | None = None  # the alive nodes the last poll saw
+        self._nodes_changed_at = 0.0
+        self._no_node_view = False
 
     # -- the protocol -------------------------------------------------------------------------
 
@@ -115,43 +153,65 @@ class RayManager:
                 "started outside clipper-serve"
             )
         placement = version_placement(self.settings.placement, mv)
-        await self._call(self._connect)
+        await self._call(self._actors.connect, self.settings.address)
         self._watch()
-        group = self._groups.setdefault(mv.key, [])
         spec = self._spec(mv)
         keys = await asyncio.to_thread(self._keys)
-        created = []
-        while len(group) < replicas:
-            replica = RayReplica(mv.name, mv.version, len(group), self._actor_name(mv, len(group)))
-            group.append(replica)
-            created.append(replica)
-        await asyncio.gather(*(
-            self._call(self._create, r.actor_name, spec, keys, placement) for r in created
-        ))  # fmt: skip
-        for r in group:
-            r.spec = spec
-        surplus = group[replicas:]
-        del group[replicas:]
-        # Also what an earlier run of this frontend left beyond the count (adopted, unwanted).
-        kept = [r.actor_name for r in group]
-        leftovers = await self._call(self._named_beyond, mv, replicas, kept)
-        await asyncio.gather(
-            *(self._retire(r.actor_name, r.token) for r in surplus),
-            *(self._retire(name, "") for name in leftovers if name not in {
-                r.actor_name for r in surplus}),
-        )  # fmt: skip
-        if not group:
-            self._groups.pop(mv.key, None)
+        stem = self._stem(mv.name, mv.version)
+        async with self._lock(mv.key):
+            group = self._groups.setdefault(mv.key, [])
+            wanted = self._wanted[mv.key] = _Wanted(placement, spec, keys)
+            adopted: list[RayReplica] = []
+            if len(group) < replicas:
+                # An earlier run's actors (any generation) are adopted, the newest of a slot.
+                existing = await self._call(self._actors.versions_actors, stem)
+                while len(group) < replicas:
+                    slot = len(group)
+                    if existing.get(slot):
+                        generation, name = max(existing[slot])
+                        group.append(RayReplica(mv.name, mv.version, slot, name, generation))
+                        adopted.append(group[-1])
+                    else:
+                        name = actor_name(stem, slot, 0)
+                        group.append(RayReplica(mv.name, mv.version, slot, name, placed=False))
+            for r in group:
+                r.spec = spec
+            surplus = group[replicas:]
+            del group[replicas:]
+            await asyncio.gather(*(
+                self._call(self._actors.create, r.actor_name, spec, keys, placement.options())
+                for r in adopted
+            ))  # fmt: skip
+            if any(not r.placed for r in group):
+                await self._place(mv.key, await self._node_view())
+            # Also what an earlier run of this frontend left (beyond the count, or an older
+            # generation of a slot): adopted, unwanted.
+            kept = {r.actor_name for r in group} | self._moving
+            gone = {r.actor_name for r in surplus}
+            leftovers = [
+                n for n in await self._call(self._actors.names, stem)
+                if n not in kept and n not in gone
+            ]  # fmt: skip
+            await asyncio.gather(
+                *(self._retire(r.actor_name, r.token) for r in surplus),
+                *(self._retire(name, "") for name in leftovers),
+            )
+            if not group:
+                self._groups.pop(mv.key, None)
+                if self._wanted.get(mv.key) is wanted:
+                    self._wanted.pop(mv.key, None)
 
     async def stop_all(self) -> None:
         """The frontend is stopping: its replicas keep running (detached), so that a restarted
-        frontend adopts them; only the status poll and the thread pool stop."""
+        frontend adopts them; only the status poll, a move under way and the thread pool
+        stop (a replacement already started is adopted with the others)."""
         self._stopping.set()
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
+        for task in (self._watcher, self._mover):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watcher = self._mover = None
         self._groups.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -161,8 +221,12 @@ class RayManager:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
 
-    def _actor_name(self, mv: ModelVersion, slot: int) -> str:
-        return f"{self._prefix()}{mv.name}/{mv.version}/{slot}"
+    def _lock(self, key: Key) -> asyncio.Lock:
+        """One version's placement at a time: ensure, the poll's re-placing, a move's swap."""
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    def _stem(self, model: str, version: str) -> str:
+        return f"{self._prefix()}{model}/{version}/"
 
     def _prefix(self) -> str:
         return f"clipper/{self.ctx.node_id() or 'frontend'}/"
@@ -186,13 +250,13 @@ class RayManager:
         return {n: (Path(self.ctx.rpc_keys) / n).read_bytes()
                 for n in ("server.key", "client.key_secret")}  # fmt: skip
 
-    async def _retire(self, actor_name: str, token: str) -> None:
+    async def _retire(self, name: str, token: str) -> None:
         """Drain (the frontend sends it no more batches and waits for those in flight), then
         stop the container and kill the actor for good."""
         if self.ctx.drain is not None and token:
             with contextlib.suppress(Exception):
                 await self.ctx.drain(token)
-        await self._call(self._kill, actor_name)
+        await self._call(self._actors.kill, name, True)
 
     def _watch(self) -> None:
         if self._watcher is None and not self._stopping.is_set():
@@ -201,26 +265,31 @@ class RayManager:
 
     async def _poll_forever(self) -> None:
         while not await wait_event(self.ctx.clock, self._stopping, self.settings.poll_s):
-            replicas = self.all_replicas()
-            try:
-                seen = await self._call(self._statuses, [r.actor_name for r in replicas])
-            except Exception as e:  # the cluster unreachable for a moment: keep the last view
-                log.warning("ray status poll failed: %s", e)
-                continue
-            try:
-                for replica, status in zip(replicas, seen, strict=True):
-                    self._update(replica, status)
-                stale = [
-                    (r.actor_name, r.spec) for r, st in zip(replicas, seen, strict=True)
-                    if isinstance(st, dict) and r.spec and st.get("spec") != r.spec
-                ]  # fmt: skip
-                if stale:  # restarted by Ray with an older address: tell it the current one
-                    await self._call(self._reconfigure, stale)
-                started = self._started_at or 0.0
-                if self.ctx.clock.now() - started >= self.settings.sweep_after_s:
-                    await self._sweep()
-            except Exception:  # the poll must go on: it is the only view of the replicas
-                log.exception("ray status poll: updating the replica view failed")
+            await self._poll_once()
+
+    async def _poll_once(self) -> None:
+        """One status poll: the replica view, then placement (:meth:`_keep_placement`)."""
+        replicas = [r for r in self.all_replicas() if r.placed]
+        try:
+            seen = await self._call(self._actors.statuses, [r.actor_name for r in replicas])
+        except Exception as e:  # the cluster unreachable for a moment: keep the last view
+            log.warning("ray status poll failed: %s", e)
+            return
+        try:
+            for replica, status in zip(replicas, seen, strict=True):
+                self._update(replica, status)
+            stale = [
+                (r.actor_name, r.spec) for r, st in zip(replicas, seen, strict=True)
+                if isinstance(st, dict) and r.spec and st.get("spec") != r.spec
+            ]  # fmt: skip
+            if stale:  # restarted by Ray with an older address: tell it the current one
+                await self._call(self._actors.reconfigure, stale)
+            await self._keep_placement(replicas, seen)
+            started = self._started_at or 0.0
+            if self.ctx.clock.now() - started >= self.settings.sweep_after_s:
+                await self._sweep()
+        except Exception:  # the poll must go on: it is the only view of the replicas
+            log.exception("ray status poll: updating the replica view failed")
 
     def _update(self, r: RayReplica, status: dict[str, Any] | str | None) -> None:
         if status is None:
@@ -258,9 +327,9 @@ class RayManager:
     async def _sweep(self) -> None:
         """Kill this frontend's actors of versions it no longer runs (deleted, or scaled to 0,
         while it was away); it has been up long enough to have ensured every version."""
-        wanted = {r.actor_name for r in self.all_replicas()}
+        wanted = {r.actor_name for r in self.all_replicas()} | self._moving
         try:
-            names = await self._call(self._own_names)
+            names = await self._call(self._actors.names, self._prefix())
         except Exception:
             return
         stale = [n for n in names if n not in wanted and tuple(
@@ -269,118 +338,238 @@ class RayManager:
             log.info("ray actor %s belongs to no version this frontend runs: retired", name)
         await asyncio.gather(*(self._retire(n, "") for n in stale))
 
-    # -- in the thread pool (Ray blocks) ------------------------------------------------------
+    # -- placement ----------------------------------------------------------------------------
 
-    def _connect(self) -> None:
-        import ray
-
-        from clipper.managers.ray_replica import ReplicaSupervisor
-
-        if not ray.is_initialized():
-            ray.init(
-                address=self.settings.address,
-                namespace=self.settings.namespace,
-                log_to_driver=False,
-                configure_logging=False,
-            )
-        if self._actor_class is None:
-            self._actor_class = ray.remote(ReplicaSupervisor)
-
-    def _create(self, actor_name: str, spec: dict[str, Any], keys: dict[str, bytes] | None,
-                placement: Placement) -> None:  # fmt: skip
-        import ray
-
-        handle = self._actor_class.options(
-            name=actor_name,
-            namespace=self.settings.namespace,
-            lifetime="detached",
-            get_if_exists=True,
-            max_restarts=-1,
-            max_task_retries=0,
-            max_concurrency=4,  # a status poll is answered while stop() waits
-            **placement.options(),
-        ).remote(actor_name, spec, keys)
-        self._handles[actor_name] = handle
-        # Adopted (it ran before this frontend started): tell it our address. A new actor
-        # already has it; this call then also waits until it is placed (bounded). One not
-        # placed yet, or restarting, gets it when it runs; the status poll reports it meanwhile.
-        with contextlib.suppress(ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
-            ray.get(handle.configure.remote(spec), timeout=_CALL_TIMEOUT_S)
-
-    def _reconfigure(self, stale: list[tuple[str, dict[str, Any]]]) -> None:
-        import ray
-
-        for actor_name, spec in stale:
-            with contextlib.suppress(ValueError, ray.exceptions.RayError):
-                self._handle(actor_name).configure.remote(spec)  # not waited for
-
-    def _handle(self, actor_name: str) -> Any:
-        import ray
-
-        handle = self._handles.get(actor_name)
-        if handle is None:
-            handle = ray.get_actor(actor_name, namespace=self.settings.namespace)
-            self._handles[actor_name] = handle
-        return handle
-
-    def _kill(self, actor_name: str) -> None:
-        import ray
-
+    async def _node_view(self) -> list[NodeState] | None:
+        """The nodes now; None without a node table (Ray then places the actors itself)."""
+        if self._no_node_view:
+            return None
         try:
-            handle = self._handle(actor_name)
-        except ValueError:
-            return  # already gone
-        with contextlib.suppress(ray.exceptions.RayError):
-            ray.get(handle.stop.remote(self.settings.stop_timeout_s),
-                    timeout=self.settings.stop_timeout_s + _CALL_TIMEOUT_S)  # fmt: skip
-        with contextlib.suppress(ValueError, ray.exceptions.RayError):
-            ray.kill(handle, no_restart=True)
-        self._handles.pop(actor_name, None)
+            nodes = await self._call(self._actors.nodes)
+        except Exception as e:
+            log.warning("ray node view failed: %s; Ray places the actors itself", e)
+            return None
+        if nodes is None:
+            self._no_node_view = True
+            log.warning("this Ray has no node table: Ray places the actors itself, no limit")
+        return nodes
 
-    def _statuses(self, names: list[str]) -> list[dict[str, Any] | str | None]:
-        """Per actor: its status, ``"dead"`` (gone or being restarted by Ray), or None (no
-        answer within a poll period: a busy node; nothing is concluded from it)."""
-        import ray
-
-        refs: list[Any] = []
-        for name in names:
-            try:
-                refs.append(self._handle(name).status.remote())
-            except (ValueError, ray.exceptions.RayError):
-                refs.append(None)
-        pending = [ref for ref in refs if ref is not None]
-        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=self.settings.poll_s)
-        done = set(ready)
-        out: list[dict[str, Any] | str | None] = []
-        for ref in refs:
-            if ref is None:
-                out.append(_DEAD)
-            elif ref not in done:
-                out.append(None)
-            else:
-                try:
-                    out.append(ray.get(ref))
-                except ray.exceptions.RayError:
-                    out.append(_DEAD)
-        return out
-
-    def _own_names(self) -> list[str]:
-        import ray.util
-
-        prefix = self._prefix()
-        return [str(a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)
-                if a.get("namespace") == self.settings.namespace
-                and str(a["name"]).startswith(prefix)]  # fmt: skip
-
-    def _named_beyond(self, mv: ModelVersion, count: int, keep: list[str]) -> list[str]:
-        """This version's actors of an earlier run at slots >= ``count``."""
-        stem = f"{self._prefix()}{mv.name}/{mv.version}/"
+    def _with_reservations(self, nodes: list[NodeState]) -> list[NodeState]:
+        """``nodes`` less what this manager's actors placed but not yet running will take (the
+        cluster's free view does not count them yet; counting them twice only delays)."""
+        pending: dict[str, dict[str, float]] = {}
+        for key, group in self._groups.items():
+            wanted = self._wanted.get(key)
+            demand = wanted.placement.demand() if wanted is not None else {}
+            for r in group:
+                if r.placed and r.target and r.actor_pid is None:
+                    held = pending.setdefault(r.target, {})
+                    for k, v in demand.items():
+                        held[k] = held.get(k, 0.0) + v
         out = []
-        for name in self._own_names():
-            slot = name.removeprefix(stem)
-            if name.startswith(stem) and slot.isdigit() and int(slot) >= count and name not in keep:
-                out.append(name)
+        for n in nodes:
+            free = dict(n.free)
+            for k, v in pending.get(n.node_id, {}).items():
+                free[k] = free.get(k, 0.0) - v
+            out.append(NodeState(n.node_id, n.alive, n.total, free))
         return out
+
+    async def _place(self, key: Key, nodes: list[NodeState] | None) -> None:
+        """Under the version's lock: an actor, on the planner's node, for each of its slots
+        that has none; a slot with no node to go to waits, its status saying why."""
+        group = self._groups.get(key, [])
+        wanted = self._wanted.get(key)
+        todo = [r for r in group if not r.placed]
+        if not todo or wanted is None:
+            return
+        placement = wanted.placement
+        chosen: dict[int, str] = {}
+        if nodes is None:  # Ray's own placement, as before the planner
+            chosen = {r.slot: "" for r in todo}
+        else:
+            plan = plan_spread(
+                self._with_reservations(nodes),
+                placement.demand(),
+                {r.slot: (r.node_id or r.target) if r.placed else None for r in group},
+                max_per_node=placement.max_per_node,
+                pinned=placement.node,
+            )
+            chosen = dict(plan.placed)
+            for r in todo:
+                reason = plan.waiting.get(r.slot)
+                if reason is None:
+                    continue
+                if r.waiting != reason:
+                    log.warning("ray replica %s:%s slot %d is not placed: %s",
+                                r.model, r.version, r.slot, reason)  # fmt: skip
+                r.waiting, r.location, r.log = reason, "ray:unplaced", f"not placed: {reason}"
+        placing = [r for r in todo if r.slot in chosen]
+        for r in placing:
+            r.target, r.waiting, r.location = chosen[r.slot], "", "ray"
+        await asyncio.gather(*(
+            self._call(self._actors.create, r.actor_name, wanted.spec, wanted.keys,
+                       placement.options(r.target or None))
+            for r in placing
+        ))  # fmt: skip
+        for r in placing:  # the status poll judges it from now on
+            r.placed = True
+
+    async def _keep_placement(
+        self, polled: list[RayReplica], seen: list[dict[str, Any] | str | None]
+    ) -> None:
+        """After a status poll: re-place at once each replica whose actor is gone or whose
+        node died, place those still waiting, and, once the nodes have settled, start moving
+        one replica toward the spread."""
+        nodes = await self._node_view()
+        alive = None if nodes is None else {n.node_id for n in nodes if n.alive}
+        lost: dict[Key, list[RayReplica]] = {}
+        for r, status in zip(polled, seen, strict=True):
+            node = r.node_id or r.target
+            if status == GONE or (alive is not None and node and node not in alive):
+                lost.setdefault((r.model, r.version), []).append(r)
+        waiting = {k for k, g in self._groups.items() if any(not r.placed for r in g)}
+        dead: list[str] = []
+        for key in sorted(set(lost) | waiting):
+            lock = self._lock(key)
+            if lock.locked():  # an ensure of it under way places it; next poll otherwise
+                continue
+            async with lock:
+                group = self._groups.get(key, [])
+                dead.extend(
+                    self._lose(r) for r in lost.get(key, [])
+                    if r.placed and any(x is r for x in group)
+                )  # fmt: skip
+                await self._place(key, nodes)
+        await asyncio.gather(*(self._call(self._actors.kill, name, False) for name in dead))
+        if alive is None or nodes is None:
+            return
+        now = self.ctx.clock.now()
+        if frozenset(alive) != self._alive:
+            if self._alive is not None:
+                log.info("ray nodes changed: %d alive (+%d, -%d); moves wait %g s",
+                         len(alive), len(alive - self._alive), len(self._alive - alive),
+                         self.settings.settle_s)  # fmt: skip
+            self._alive, self._nodes_changed_at = frozenset(alive), now
+        if self._mover is not None or now - self._nodes_changed_at < self.settings.settle_s:
+            return
+        for key in sorted(self._groups):
+            move = self._move_for(key, nodes)
+            if move is not None:
+                self._mover = asyncio.create_task(self._move(key, move), name="clipper-ray-move")
+                return
+
+    def _lose(self, r: RayReplica) -> str:
+        """``r``'s actor is gone or its node died: a new generation of the slot, to be placed
+        (returns the old actor's name, to kill for good)."""
+        old = r.actor_name
+        log.warning("ray replica %s:%s slot %d lost (node %s): placing it again",
+                    r.model, r.version, r.slot, (r.node_id or r.target)[:12])  # fmt: skip
+        if r.token and self.ctx.on_exit is not None:
+            self.ctx.on_exit(r.token)
+        r.generation += 1
+        r.actor_name = actor_name(self._stem(r.model, r.version), r.slot, r.generation)
+        if r.actor_pid is not None:
+            r.actor_restarts += 1
+        r.earlier_restarts += r.container_restarts
+        r.container_restarts = 0
+        r.restarts = r.actor_restarts + r.earlier_restarts
+        r.placed, r.target, r.node_id, r.token = False, "", "", ""
+        r.actor_pid, r.pid, r.ready, r.state = None, None, False, "restarting"
+        return old
+
+    def _move_for(self, key: Key, nodes: list[NodeState]) -> Move | None:
+        """The one move the planner wants for a version all of whose replicas run, are
+        placed on a known node and are connected (nothing is moved while one starts)."""
+        group = self._groups.get(key)
+        wanted = self._wanted.get(key)
+        if not group or wanted is None:
+            return None
+        connected = self.ctx.connected
+        for r in group:
+            if not r.placed or not r.node_id or r.state != "running":
+                return None
+            if connected is not None and not connected(r.token):
+                return None
+        placement = wanted.placement
+        plan = plan_spread(
+            self._with_reservations(nodes),
+            placement.demand(),
+            {r.slot: r.node_id for r in group},
+            max_per_node=placement.max_per_node,
+            pinned=placement.node,
+            rebalance=True,
+        )
+        return plan.move
+
+    async def _move(self, key: Key, move: Move) -> None:
+        try:
+            await self._move_one(key, move)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("ray: moving a replica of %s:%s failed", *key)
+        finally:
+            self._mover = None
+
+    async def _move_one(self, key: Key, move: Move) -> None:
+        """Start the slot's replacement on the target node; once it is connected, put it in
+        the slot's place and drain and retire the old one (so no query is lost)."""
+        started = self.ctx.clock.now()
+        async with self._lock(key):
+            wanted = self._wanted.get(key)
+            old = next((r for r in self._groups.get(key, [])
+                        if r.slot == move.slot and r.node_id == move.source), None)  # fmt: skip
+            if old is None or wanted is None:
+                return
+            generation = old.generation + 1
+            name = actor_name(self._stem(*key), move.slot, generation)
+            self._moving.add(name)
+        log.info("ray: moving %s:%s slot %d from node %s to node %s (spread)",
+                 *key, move.slot, move.source[:12], move.target[:12])  # fmt: skip
+        status: dict[str, Any] | None = None
+        try:
+            await self._call(self._actors.create, name, wanted.spec, wanted.keys,
+                             wanted.placement.options(move.target))  # fmt: skip
+            status = await self._until_connected(name)
+            async with self._lock(key):
+                group = self._groups.get(key, [])
+                at = next((i for i, r in enumerate(group) if r is old), None)
+                if status is not None and at is not None:
+                    new = RayReplica(*key, move.slot, name, generation, target=move.target,
+                                     spec=old.spec, earlier_restarts=old.restarts)  # fmt: skip
+                    self._update(new, status)
+                    group[at] = new
+                else:
+                    status = None
+        finally:
+            self._moving.discard(name)
+        if status is None:  # not connected in time, or the slot went meanwhile
+            await self._call(self._actors.kill, name, True)
+            if not self._stopping.is_set():
+                log.warning("ray: the replacement of %s:%s slot %d on node %s did not connect "
+                            "in %g s: retired; tried again after the nodes settle",
+                            *key, move.slot, move.target[:12], _MOVE_TIMEOUT_S)  # fmt: skip
+                self._nodes_changed_at = self.ctx.clock.now()
+            return
+        await self._retire(old.actor_name, old.token)
+        log.info("ray: moved %s:%s slot %d to node %s in %.1f s",
+                 *key, move.slot, move.target[:12], self.ctx.clock.now() - started)  # fmt: skip
+
+    async def _until_connected(self, name: str) -> dict[str, Any] | None:
+        """The new actor's status once its container is connected to this frontend; None
+        after :data:`_MOVE_TIMEOUT_S` or when the frontend stops."""
+        deadline = self.ctx.clock.now() + _MOVE_TIMEOUT_S
+        while not self._stopping.is_set():
+            [status] = await self._call(self._actors.statuses, [name])
+            if isinstance(status, dict) and status.get("token"):
+                token = str(status["token"])
+                check = self.ctx.connected
+                if check(token) if check is not None else bool(status.get("ready")):
+                    return status
+            if status == GONE or self.ctx.clock.now() >= deadline:
+                return None
+            await wait_event(self.ctx.clock, self._stopping, self.settings.poll_s)
+        return None
 
 
 def build_ray(rest: str, ctx: ManagerContext) -> ContainerManager:

@@ -13,8 +13,10 @@ from clipper.registry import ModelVersion
 
 __all__ = ["Placement", "RaySettings", "parse_ray_url", "version_placement"]
 
-_PARAMS = ("namespace", "num_cpus", "num_gpus", "node", "strategy", "cache_dir",
-           "poll_s", "stop_timeout_s", "sweep_after_s")  # fmt: skip
+_PARAMS = ("namespace", "num_cpus", "num_gpus", "node", "strategy", "max_per_node", "cache_dir",
+           "poll_s", "stop_timeout_s", "sweep_after_s", "settle_s")  # fmt: skip
+# What a version's labels may override (``ray:KEY=VALUE``), besides ``resource:NAME``.
+_PLACEMENT = ("num_cpus", "num_gpus", "node", "strategy", "max_per_node")
 _LABEL_PREFIX = "ray:"
 
 
@@ -27,6 +29,8 @@ class Placement:
     resources: tuple[tuple[str, float], ...] = ()
     node: str | None = None
     strategy: str = "default"
+    # Hard: never more of the version's replicas on one node (None: the soft spread).
+    max_per_node: int | None = None
 
     def with_settings(self, settings: dict[str, str]) -> Placement:
         """This placement overridden by ``settings`` (URL parameters or a version's labels)."""
@@ -43,23 +47,34 @@ class Placement:
                 if value not in ("default", "spread"):
                     raise ConfigError(f"ray strategy must be default or spread, got {value!r}")
                 kw["strategy"] = value
+            elif key == "max_per_node":
+                kw["max_per_node"] = _limit(value)
         return Placement(
             num_cpus=kw.get("num_cpus", self.num_cpus),
             num_gpus=kw.get("num_gpus", self.num_gpus),
             resources=tuple(sorted(resources.items())),
             node=kw.get("node", self.node),
             strategy=kw.get("strategy", self.strategy),
+            max_per_node=kw.get("max_per_node", self.max_per_node),
         )
 
-    def options(self) -> dict[str, Any]:
-        """The placement part of ``ActorClass.options``."""
+    def demand(self) -> dict[str, float]:
+        """What one replica reserves, by Ray's resource names (what the planner fits)."""
+        wanted = {"CPU": self.num_cpus, "GPU": self.num_gpus, **dict(self.resources)}
+        return {k: v for k, v in wanted.items() if v > 0}
+
+    def options(self, on_node: str | None = None) -> dict[str, Any]:
+        """The placement part of ``ActorClass.options``: on ``on_node`` (the planner's choice,
+        hard), or where Ray likes (an adopted actor keeps its node; no node view: Ray's own
+        placement, spread when asked)."""
         opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
         if self.resources:
             opts["resources"] = dict(self.resources)
-        if self.node is not None:
+        node = on_node or self.node
+        if node is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.node, soft=False)
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         elif self.strategy == "spread":
             opts["scheduling_strategy"] = "SPREAD"
         return opts
@@ -75,6 +90,12 @@ def _number(key: str, value: str) -> float:
     return n
 
 
+def _limit(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"ray max_per_node must be a whole number >= 1, got {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True, slots=True)
 class RaySettings:
     address: str
@@ -84,6 +105,9 @@ class RaySettings:
     poll_s: float
     stop_timeout_s: float
     sweep_after_s: float
+    # After the set of alive nodes changes, how long it must stay the same before a replica is
+    # moved back toward the spread (a flapping node churns nothing).
+    settle_s: float = 10.0
 
 
 def parse_ray_url(rest: str) -> RaySettings:
@@ -102,9 +126,8 @@ def parse_ray_url(rest: str) -> RaySettings:
             )
         settings[key] = value
     placement = Placement().with_settings(
-        {k: v for k, v in settings.items() if k in ("num_cpus", "num_gpus", "node", "strategy")
-         or k.startswith("resource.")}
-    )  # fmt: skip
+        {k: v for k, v in settings.items() if k in _PLACEMENT or k.startswith("resource.")}
+    )
     return RaySettings(
         address=address or "auto",
         namespace=settings.get("namespace") or "clipper",
@@ -113,6 +136,7 @@ def parse_ray_url(rest: str) -> RaySettings:
         poll_s=_number("poll_s", settings.get("poll_s", "1")) or 1.0,
         stop_timeout_s=_number("stop_timeout_s", settings.get("stop_timeout_s", "15")),
         sweep_after_s=_number("sweep_after_s", settings.get("sweep_after_s", "30")),
+        settle_s=_number("settle_s", settings.get("settle_s", "10")),
     )
 
 
@@ -124,11 +148,11 @@ def version_placement(base: Placement, mv: ModelVersion) -> Placement:
             continue
         key, sep, value = label.removeprefix(_LABEL_PREFIX).partition("=")
         key = key.replace("resource:", "resource.", 1)
-        if not sep or (key not in ("num_cpus", "num_gpus", "node", "strategy")
-                       and not key.startswith("resource.")):  # fmt: skip
+        if not sep or (key not in _PLACEMENT and not key.startswith("resource.")):
             raise ConfigError(
                 f"model {mv.name}:{mv.version}: label {label!r} is not ray:num_cpus=N, "
-                "ray:num_gpus=N, ray:resource:NAME=N, ray:node=NODE_ID or ray:strategy=spread"
+                "ray:num_gpus=N, ray:resource:NAME=N, ray:node=NODE_ID, ray:strategy=spread "
+                "or ray:max_per_node=N"
             )
         settings[key] = value
     return base.with_settings(settings)
