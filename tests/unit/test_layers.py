@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "metrics_window",
         "version",
         "untrusted",
+        "tenants",
     ),
     # The RPC wire and its auth; pipeline descriptions (data only).
     ("rpc", "pipeline"),

@@ -24,6 +24,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from clipper.batching.queue import STANDARD
 from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle, wait_all
 from clipper.errors import (
@@ -228,9 +229,11 @@ class SelectionRunner:
         reply: Reply,
         t0: float,
         slo_s: float,
+        rank: int = STANDARD,
     ) -> None:
         """``version`` is None: a selection application picks each model's version itself
-        (the processor refuses a pinned version when several models are linked)."""
+        (the processor refuses a pinned version when several models are linked). Its queries
+        are queued as standard whatever ``rank`` says (classes order single-model queues)."""
         sel = self.selection(app)
         if uid in sel.states:
             self._run(sel, sel.states.get(uid), payloads, uid, reply, t0, slo_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clipper.batching.queue import STANDARD
 from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle
@@ -58,6 +59,7 @@ class _Query(Abandonable, PendingQuery):
         "n",
         "outputs",
         "payloads",
+        "rank",
         "remaining",
         "sched",
         "shadow",
@@ -84,6 +86,7 @@ class _Query(Abandonable, PendingQuery):
         self.payloads: list[bytes] = []
         self.sched: ModelScheduler | None = None
         self.shadow: ShadowCopies | None = None  # until its copies are fired
+        self.rank = STANDARD  # the priority class its inputs are queued with
         self.gone = False  # the client went away: nothing is answered
 
     def waiter(self, i: int) -> Waiter:
@@ -218,6 +221,7 @@ class SingleRunner:
         reply: Reply,
         t0: float,
         budget_s: float,
+        rank: int = STANDARD,
     ) -> None:
         catalog = self.catalog
         linked = catalog.links.get(app.name)
@@ -268,6 +272,7 @@ class SingleRunner:
                     break
             return
         q.payloads = payloads
+        q.rank = rank
         q.sched = sched
         q.version = version
         submitted = False
@@ -337,7 +342,7 @@ class SingleRunner:
         waiter = q.waiter(i)
         if q.shadow is not None:
             waiter = q.shadow.wrap(q.payloads[i], waiter)
-        return self.seam.submit(q.app, q.sched, q.payloads[i], q.deadline, waiter)
+        return self.seam.submit(q.app, q.sched, q.payloads[i], q.deadline, waiter, q.rank)
 
     def predictions(self, q: _Query) -> list[Prediction]:
         """The answered query as predictions (query ids are given out here, in input order),
