@@ -18,7 +18,7 @@ from clipper.batching.controllers import BatchController, make_controller
 from clipper.batching.decision import Wait, decide
 from clipper.batching.health import ModelHealth, Totals
 from clipper.batching.model_errors import ModelErrorLog
-from clipper.batching.queue import STANDARD, ModelQueue, Task
+from clipper.batching.queue import ModelQueue, Task
 from clipper.batching.wait import WaitPolicy, make_wait_policy
 from clipper.cache import PredictionCache, abandoned
 from clipper.clock import Clock, TimerHandle
@@ -120,6 +120,7 @@ PROBE_MIN_OFFERED = 100
 # class is not priced on, kept free for the classes above it. Standard keeps none, so a
 # frontend without tenants (everything standard) sheds exactly as before.
 HEADROOM: tuple[float, float, float] = (0.0, 0.0, 0.25)
+_PRICED = tuple(1.0 - share for share in HEADROOM)  # the capacity each class is priced on
 
 
 class ModelScheduler:
@@ -284,12 +285,7 @@ class ModelScheduler:
             # headroom kept for the classes above it, so that they find replicas free.
             elsewhere = self._queued_elsewhere_s()
             rank = task.rank
-            if rank == STANDARD:
-                wait = (len(q) + 1) / self._capacity_rps + elsewhere
-            else:
-                wait = (q.ahead(rank) + 1) / (
-                    self._capacity_rps * (1.0 - HEADROOM[rank])
-                ) + elsewhere
+            wait = (q.ahead(rank) + 1) / (self._capacity_rps * _PRICED[rank]) + elsewhere
             late = task.enqueued_at + wait > task.deadline
             if not late and task.enqueued_at + wait + self._batch_latency > task.deadline:
                 running = self._running_remaining(task.enqueued_at)
