@@ -18,7 +18,7 @@ from clipper.batching.controllers import BatchController, make_controller
 from clipper.batching.decision import Wait, decide
 from clipper.batching.health import ModelHealth, Totals
 from clipper.batching.model_errors import ModelErrorLog
-from clipper.batching.queue import ModelQueue, Task
+from clipper.batching.queue import STANDARD, ModelQueue, Task
 from clipper.batching.wait import WaitPolicy, make_wait_policy
 from clipper.cache import PredictionCache, abandoned
 from clipper.clock import Clock, TimerHandle
@@ -358,20 +358,22 @@ class ModelScheduler:
         """The typical latency of a batch of the size replicas take now (0.0: not known)."""
         return self._batch_latency
 
-    def expected_latency_s(self) -> float:
+    def expected_latency_s(self, rank: int = STANDARD) -> float:
         """About how long an input queued now would take, as :meth:`submit` prices it: the
         work queued ahead of it and its own at the replicas' throughput, and what is left of
         the batches running when no replica is free. 0.0 when not known yet, or when the queue
         is empty and a replica is free: an idle model always admits, as :meth:`submit` does
         (that is also how a stale estimate gets measured again). Pipelines price their
-        critical path with it."""
+        critical path with it. ``rank``: the class of the input, which waits only behind its
+        class and those above (see :meth:`submit`)."""
         if self._capacity_rps <= 0.0:
             return 0.0
         elsewhere = self._queued_elsewhere_s()
         if not elsewhere and not self.queue and self._free_replica() is not None:
             return 0.0
         running = self._running_remaining(self.clock.now())
-        return (len(self.queue) + 1) / self._capacity_rps + running + elsewhere
+        ahead = self.queue.ahead(rank) + 1
+        return ahead / (self._capacity_rps * _PRICED[rank]) + running + elsewhere
 
     def _queued_elsewhere_s(self) -> float:
         """How long the batches other frontends have queued on shared replicas delay ours:

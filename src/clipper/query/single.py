@@ -258,7 +258,7 @@ class SingleRunner:
                 sched.offered += q.n  # load all the same: the autoscaler's sample wakes it too
                 q.all_default(DefaultReason.COLD_START, why)
                 return
-        cause = self._behind(t0, q.deadline - app.answer_margin_s, sched)
+        cause = self._behind(t0, q.deadline - app.answer_margin_s, sched, rank)
         if cause is not None:
             # Queued, it would only be answered late by the deadline timer (itself late by the
             # loop's lag) and take a batch slot from queries that can still make it. Counted
@@ -303,7 +303,9 @@ class SingleRunner:
             + ("it is being restarted" if mv.artifact else "none is connected")
         )
 
-    def _behind(self, t0: float, due: float, sched: ModelScheduler) -> str | None:
+    def _behind(
+        self, t0: float, due: float, sched: ModelScheduler, rank: int = STANDARD
+    ) -> str | None:
         """Why a query due by ``due`` cannot make it when the frontend itself is behind
         (a backlog of the loop's own work above noise, or the request arrived late into its
         budget); None to queue. Time the process was descheduled is no backlog
@@ -326,7 +328,7 @@ class SingleRunner:
                 return None
         if sched.probing(now):
             return None  # admission is measuring the model again (ModelScheduler._probe)
-        finish = now + (max(lag, sched.expected_latency_s()) if sched.queue else lag)
+        finish = now + (max(lag, sched.expected_latency_s(rank)) if sched.queue else lag)
         if finish <= due:
             return None
         return (
