@@ -35,6 +35,7 @@ from clipper.errors import RegistryError, RequestError
 from clipper.metrics import Metrics
 
 __all__ = [
+    "ALL_APPS",
     "KEY_PREFIX",
     "Admitted",
     "ApiKey",
@@ -51,10 +52,14 @@ __all__ = [
     "UnknownKey",
     "hash_key",
     "new_key",
+    "quotas_from_doc",
+    "quotas_to_doc",
     "request_key",
 ]
 
 KEY_PREFIX: Final = "ck_"
+# The key of a quota across every application in the admin API and desired-state files.
+ALL_APPS: Final = "*"
 # How many tenants and keys a deployment may hold: every one is a record in the store and a
 # label value in /metrics, so both stay bounded.
 MAX_TENANTS: Final = 1000
@@ -262,17 +267,38 @@ class Tenant:
         )
 
     def describe(self) -> dict[str, Any]:
-        """The tenant as the admin API shows it: key ids, never digests."""
+        """The tenant as the admin API shows it (quotas as it takes them): key ids, never
+        digests."""
         return {
             "name": self.name,
             "priority": self.priority.label,
-            "quotas": [q.to_record() for q in self.quotas],
+            "quotas": quotas_to_doc(self.quotas),
             "keys": [
                 {"key_id": k.key_id, "priority": None if k.priority is None else k.priority.label,
                  "created": k.created}
                 for k in self.keys
             ],
         }  # fmt: skip
+
+
+def quotas_from_doc(doc: object) -> tuple[Quota, ...]:
+    """``{"*" | app: {"rate", "burst"}}`` as quotas (a RegistryError names what is wrong)."""
+    if not isinstance(doc, Mapping):
+        raise RegistryError(
+            'quotas must be an object {"*" | application: {"rate": number, "burst": int}}'
+        )
+    out = []
+    for scope, q in doc.items():
+        if not isinstance(q, Mapping):
+            raise RegistryError(f"quota {scope!r} must be an object {{rate, burst}}, got {q!r}")
+        out.append(Quota.from_record({**q, "app": None if scope == ALL_APPS else scope}))
+    return tuple(out)
+
+
+def quotas_to_doc(quotas: tuple[Quota, ...]) -> dict[str, Any]:
+    return {
+        ALL_APPS if q.app is None else q.app: {"rate": q.rate, "burst": q.burst} for q in quotas
+    }
 
 
 class TokenBucket:
@@ -355,6 +381,10 @@ class TenantGate:
         priority = headers.get(b"x-priority")
         if auth is None and api_key is None and priority is None and not require_key:
             return None  # the common anonymous query: three lookups
+        if not self.tenants and not require_key:
+            # A deployment without tenants reads no keys: an Authorization header meant for
+            # something in front of it changes nothing, as before tenants existed.
+            return None if priority is None else Admitted("", _parse_priority(priority))
         return self.admit(request_key(auth, api_key), app, require_key, priority)
 
     def shed(self, admitted: Admitted, n: int) -> None:

@@ -7,6 +7,8 @@ under a sheddable tenant's flood (docs/tenants.md)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,8 @@ import cloudpickle
 import orjson
 import pytest
 
+from clipper.client import Client
+from clipper.errors import RequestError
 from tests.integration import models
 from tests.integration.frontend_process import FrontendProcess
 from tests.integration.helpers import Response, request
@@ -22,6 +26,7 @@ from tests.integration.helpers import Response, request
 pytestmark = pytest.mark.integration
 
 FLOODERS = 24
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 class TenantFrontend(FrontendProcess):
@@ -199,3 +204,64 @@ async def test_a_critical_tenant_keeps_its_predictions_under_a_sheddable_flood(
     assert sum(bulk_results) > 0, (len(bulk_results), len(answers))  # ... with defaults
     metrics = (await request(f"{fe.query_url}/metrics", limit_s=10)).body.decode()
     assert 'clipper_tenant_shed_total{class="sheddable",tenant="bulk"}' in metrics
+
+
+async def _cli(fe: TenantFrontend, *args: str) -> tuple[int, str, str]:
+    env = {
+        **os.environ,
+        "CLIPPER_ADMIN_URL": fe.admin_url,
+        "CLIPPER_URL": fe.query_url,
+        "PYTHONPATH": SRC,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "clipper", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_the_cli_and_the_client_manage_tenants_and_send_keys(
+    fe: TenantFrontend, tmp_path: Path
+) -> None:
+    await _serve(fe, tmp_path, "c", models.steady_sums, slo_micros=5_000_000, batch=8)
+    code, out, err = await _cli(fe, "tenant", "add", "t", "--priority", "sheddable",
+                                "--quota", "*=0.1/1", "--quota", "c=0.1/5")  # fmt: skip
+    assert code == 0, err
+    assert orjson.loads(out)["quotas"] == {
+        "*": {"rate": 0.1, "burst": 1},
+        "c": {"rate": 0.1, "burst": 5},
+    }
+    code, out, err = await _cli(fe, "tenant", "key", "t")
+    assert code == 0, err
+    key = out.splitlines()[0]
+    assert key.startswith("ck_") and "shown only now" in out
+    code, out, _ = await _cli(fe, "tenant", "list")
+    assert code == 0 and out.startswith("t: sheddable; quotas *=0.1/1, c=0.1/5; keys ")
+    assert key not in out
+    code, _, err = await _cli(fe, "app", "update", "c", "--require-key", "on")
+    assert code == 0, err
+
+    def queries() -> tuple[dict[str, Any], list[RequestError]]:
+        first = Client(fe.admin_url, fe.query_url, api_key=key).predict("c", [1.0, 2.0])
+        errors = []
+        for client in (
+            Client(fe.admin_url, fe.query_url, api_key=key),
+            Client(fe.admin_url, fe.query_url),
+        ):
+            try:
+                client.predict("c", [1.0, 2.0])
+            except RequestError as e:
+                errors.append(e)
+        return first, errors
+
+    first, (over, anonymous) = await asyncio.to_thread(queries)
+    assert first["default"] is False
+    assert over.status == 429 and "over its quota across all applications" in str(over)
+    assert anonymous.status == 401
+    code, _, err = await _cli(fe, "tenant", "add", "t", "--quota", "nonsense")
+    assert code != 0 and "SCOPE=RATE/BURST" in err
+    code, _, err = await _cli(fe, "tenant", "delete", "t")
+    assert code == 0, err
+    assert await asyncio.to_thread(Client(fe.admin_url, fe.query_url).list_tenants) == []

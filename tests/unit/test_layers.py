@@ -61,7 +61,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workers",),
     # Clients and tools: the Python client, desired-state files, the CLI.
     ("client", "tables"),
-    ("declarative", "rollout_commands", "compat"),
+    ("declarative", "rollout_commands", "tenant_commands", "compat"),
     ("cli_ops",),
     ("commands",),
     ("cli",),

@@ -15,38 +15,15 @@ from typing import TYPE_CHECKING, Any
 from clipper.errors import RegistryError
 from clipper.frontend.admin_fields import Reply, json_reply, str_field, text_reply
 from clipper.registry import Registry
-from clipper.tenants import ApiKey, PriorityClass, Quota, Tenant, new_key
+from clipper.tenants import ApiKey, PriorityClass, Tenant, new_key, quotas_from_doc
 
 if TYPE_CHECKING:
     from clipper.runtime.control import Control
 
-__all__ = ["TenantAdmin", "quotas_from_doc", "quotas_to_doc"]
+__all__ = ["TenantAdmin"]
 
 Handler = Callable[[dict[str, Any]], Reply]
 AsyncHandler = Callable[[dict[str, Any]], Coroutine[Any, Any, Reply]]
-
-# The key of a quota across every application in the admin API and desired-state files.
-ALL_APPS = "*"
-
-
-def quotas_from_doc(doc: object) -> tuple[Quota, ...]:
-    """``{"*" | app: {"rate", "burst"}}`` as quotas (a RegistryError names what is wrong)."""
-    if not isinstance(doc, Mapping):
-        raise RegistryError(
-            'quotas must be an object {"*" | application: {"rate": number, "burst": int}}'
-        )
-    out = []
-    for scope, q in doc.items():
-        if not isinstance(q, Mapping):
-            raise RegistryError(f"quota {scope!r} must be an object {{rate, burst}}, got {q!r}")
-        out.append(Quota.from_record({**q, "app": None if scope == ALL_APPS else scope}))
-    return tuple(out)
-
-
-def quotas_to_doc(quotas: tuple[Quota, ...]) -> dict[str, Any]:
-    return {
-        ALL_APPS if q.app is None else q.app: {"rate": q.rate, "burst": q.burst} for q in quotas
-    }
 
 
 def _priority(doc: Mapping[str, Any], default: PriorityClass | None) -> PriorityClass | None:
@@ -87,7 +64,7 @@ class TenantAdmin:
 
         tenant = await self.control.change_tenant(name, add)
         assert tenant is not None
-        return json_reply(describe(tenant))
+        return json_reply(tenant.describe())
 
     async def _update_tenant(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "name")
@@ -105,7 +82,7 @@ class TenantAdmin:
 
         tenant = await self.control.change_tenant(name, update)
         assert tenant is not None
-        return json_reply(describe(tenant))
+        return json_reply(tenant.describe())
 
     async def _delete_tenant(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "name")
@@ -119,8 +96,8 @@ class TenantAdmin:
 
     def _get_tenants(self, doc: dict[str, Any]) -> Reply:
         if "name" in doc:
-            return json_reply(describe(self.registry.get_tenant(str_field(doc, "name"))))
-        return json_reply([describe(t) for t in self.registry.tenants.values()])
+            return json_reply(self.registry.get_tenant(str_field(doc, "name")).describe())
+        return json_reply([t.describe() for t in self.registry.tenants.values()])
 
     async def _create_key(self, doc: dict[str, Any]) -> Reply:
         name = str_field(doc, "tenant")
@@ -163,10 +140,3 @@ class TenantAdmin:
 
         await self.control.change_tenant(name, drop)
         return text_reply(f"Successfully revoked key '{key_id}' of tenant '{name}'")
-
-
-def describe(t: Tenant) -> dict[str, Any]:
-    """A tenant as the admin API shows it: quotas as the API takes them, key ids only."""
-    doc = t.describe()
-    doc["quotas"] = quotas_to_doc(t.quotas)
-    return doc
