@@ -316,3 +316,33 @@ async def test_a_full_queue_makes_room_for_a_higher_class() -> None:
         assert len(h.sched.queue) == 2
     finally:
         h.sched.close(OverloadedError("test over"))
+
+
+def test_grpc_header_blocks_carry_the_calls_key_and_priority() -> None:
+    """The native gRPC transport keeps the metadata the gate reads (and only that)."""
+    import hpack
+
+    from clipper.frontend.grpc.hpack_blocks import HeaderCache
+
+    block = hpack.Encoder().encode(
+        [(":path", "/inference.GRPCInferenceService/ModelInfer"),
+         ("content-type", "application/grpc"), ("authorization", "Bearer ck_a"),
+         ("x-priority", "sheddable"), ("user-agent", "grpc-python")]
+    )  # fmt: skip
+    cache = HeaderCache()
+    path, ctype, meta = cache.decode_call(block)
+    assert path.endswith(b"/ModelInfer") and ctype == b"application/grpc"
+    assert meta == {b"authorization": b"Bearer ck_a", b"x-priority": b"sheddable"}
+    gate = TenantGate({"t": _tenant("t")[0]}, FakeClock())
+    with pytest.raises(UnknownKey):
+        gate.judge(meta, "a", False)
+    assert cache.decode(block) == (path, ctype)  # the two-field answer, as before
+
+
+def test_a_deployment_without_tenants_reads_no_keys() -> None:
+    gate = TenantGate({}, FakeClock())
+    assert gate.judge({b"authorization": b"Basic eDp5"}, "a", False) is None
+    lowered = gate.judge({b"x-priority": b"sheddable"}, "a", False)
+    assert lowered is not None and lowered.priority is SHEDDABLE
+    with pytest.raises(KeyRequired):
+        gate.judge({}, "a", True)
