@@ -341,13 +341,17 @@ class Admitted:
     priority: PriorityClass
 
 
+_Limit = tuple[Quota, TokenBucket]
+
+
 @dataclass(slots=True)
 class _Entry:
     tenant: Tenant
     key: ApiKey
-    # The buckets this key's requests draw from: across all applications, and per application.
-    overall: TokenBucket | None
-    per_app: dict[str, TokenBucket] = field(default_factory=dict)
+    # The quotas (and their buckets) this key's requests draw from: across all applications,
+    # and per application.
+    overall: _Limit | None
+    per_app: dict[str, _Limit] = field(default_factory=dict)
 
 
 _NAMES = {c.label.encode(): c for c in PriorityClass}
@@ -369,6 +373,8 @@ class TenantGate:
         # (tenant, app or "") -> bucket: kept across a rebuild while its quota is the same.
         self._buckets: dict[tuple[str, str], tuple[Quota, TokenBucket]] = {}
         self._stale = True
+        # (tenant, class) -> its admitted counter: looked up once, not per request.
+        self._admitted: dict[tuple[str, PriorityClass], Any] = {}
 
     def changed(self) -> None:
         self._stale = True
@@ -393,7 +399,7 @@ class TenantGate:
             self.metrics.tenant_shed.labels(admitted.tenant, admitted.priority.label).inc(n)
 
     def rebuild(self, tenants: Mapping[str, Tenant]) -> None:
-        buckets: dict[tuple[str, str], tuple[Quota, TokenBucket]] = {}
+        buckets: dict[tuple[str, str], _Limit] = {}
         for t in tenants.values():
             for q in t.quotas:
                 scope = (t.name, q.app or "")
@@ -405,11 +411,12 @@ class TenantGate:
         by_digest: dict[str, _Entry] = {}
         for t in tenants.values():
             overall = buckets.get((t.name, ""))
-            per_app = {q.app: buckets[(t.name, q.app)][1] for q in t.quotas if q.app is not None}
+            per_app = {q.app: buckets[(t.name, q.app)] for q in t.quotas if q.app is not None}
             for k in t.keys:
-                by_digest[k.digest] = _Entry(t, k, overall[1] if overall else None, per_app)
+                by_digest[k.digest] = _Entry(t, k, overall, per_app)
         self._buckets = buckets
         self._by_digest = by_digest
+        self._admitted = {}
         self._stale = False
         if self.metrics is not None:
             self.metrics.forget_tenants(set(tenants))
@@ -443,20 +450,22 @@ class TenantGate:
                     "request may only lower its class"
                 )
             cls = wanted
-        buckets = [b for b in (entry.overall, entry.per_app.get(app)) if b is not None]
-        for b in buckets:
-            if b.refill() < 1.0:
-                self._refuse(tenant.name, b, app)
-        for b in buckets:
-            b.tokens -= 1.0
+        limits = [lim for lim in (entry.overall, entry.per_app.get(app)) if lim is not None]
+        for quota, bucket in limits:
+            if bucket.refill() < 1.0:
+                self._refuse(tenant.name, quota, bucket, app)
+        for _, bucket in limits:
+            bucket.tokens -= 1.0
         if self.metrics is not None:
-            self.metrics.tenant_admitted.labels(tenant.name, cls.label).inc()
+            counter = self._admitted.get((tenant.name, cls))
+            if counter is None:
+                counter = self._admitted[(tenant.name, cls)] = self.metrics.tenant_admitted.labels(
+                    tenant.name, cls.label
+                )
+            counter.inc()
         return Admitted(tenant.name, cls)
 
-    def _refuse(self, tenant: str, bucket: TokenBucket, app: str) -> None:
-        quota = next(
-            q for (name, _), (q, b) in self._buckets.items() if name == tenant and b is bucket
-        )
+    def _refuse(self, tenant: str, quota: Quota, bucket: TokenBucket, app: str) -> None:
         retry = max(1, math.ceil(bucket.wait_s()))
         if self.metrics is not None:
             self.metrics.tenant_refused.labels(tenant, "quota").inc()
