@@ -33,7 +33,10 @@ from clipper.tenants import (
     new_key,
     request_key,
 )
+from tests.unit import test_deadlines
 from tests.unit.test_scheduler import Harness, fixed
+
+frontends = test_deadlines.frontends  # each frontend is closed after its test
 
 CRITICAL, STANDARD, SHEDDABLE = PriorityClass
 
@@ -346,3 +349,43 @@ def test_a_deployment_without_tenants_reads_no_keys() -> None:
     assert lowered is not None and lowered.priority is SHEDDABLE
     with pytest.raises(KeyRequired):
         gate.judge({}, "a", True)
+
+
+def test_the_class_reaches_the_seam_for_single_and_selection_applications(
+    frontends: list[Any],
+) -> None:
+    """The processor hands a query's class to its runner, which queues every input with it."""
+    from clipper.inputs import InputType
+    from clipper.registry import Application
+    from tests.unit.test_deadlines import Answers, Frontend
+
+    single = Application("one", InputType.DOUBLES, "-1", 20_000)
+    f = Frontend(single, ["m"])
+    frontends.append(f)
+    f.registry.add_app(Application("ens", InputType.DOUBLES, "-1", 20_000, policy="exp4"))
+    f.registry.link("ens", "m")
+    sel = f.query.selection.selection(f.registry.apps["ens"])
+    sel.states.put("", sel.policy.init_state())
+    ranks: list[int] = []
+    for runner in (f.query.single, f.query.selection):
+        inner = runner.seam
+
+        class Recording:
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            def submit(self, *args: Any) -> bool:
+                ranks.append(args[5])
+                return bool(self.inner.submit(*args))
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.inner, name)
+
+        runner.seam = Recording(inner)
+    for app, rank in (("one", SHEDDABLE), ("ens", CRITICAL)):
+        application = f.registry.apps[app]
+        payloads, _, uid = f.parser.parse(application, b'{"input": [1.0]}')
+        f.proc.predict(
+            application, payloads, None, uid, Answers(f.clock), f.clock.now(), None, rank
+        )
+    assert ranks == [SHEDDABLE, CRITICAL]
