@@ -373,8 +373,8 @@ class TenantGate:
         # (tenant, app or "") -> bucket: kept across a rebuild while its quota is the same.
         self._buckets: dict[tuple[str, str], tuple[Quota, TokenBucket]] = {}
         self._stale = True
-        # (tenant, class) -> its admitted counter: looked up once, not per request.
-        self._admitted: dict[tuple[str, PriorityClass], Any] = {}
+        # (tenant, class) -> its answer and its admitted counter: made once, not per request.
+        self._admitted: dict[tuple[str, PriorityClass], tuple[Admitted, Any]] = {}
 
     def changed(self) -> None:
         self._stale = True
@@ -456,14 +456,14 @@ class TenantGate:
                 self._refuse(tenant.name, quota, bucket, app)
         for _, bucket in limits:
             bucket.tokens -= 1.0
-        if self.metrics is not None:
-            counter = self._admitted.get((tenant.name, cls))
-            if counter is None:
-                counter = self._admitted[(tenant.name, cls)] = self.metrics.tenant_admitted.labels(
-                    tenant.name, cls.label
-                )
-            counter.inc()
-        return Admitted(tenant.name, cls)
+        known = self._admitted.get((tenant.name, cls))
+        if known is None:
+            m = self.metrics
+            counter = m.tenant_admitted.labels(tenant.name, cls.label) if m is not None else None
+            known = self._admitted[(tenant.name, cls)] = (Admitted(tenant.name, cls), counter)
+        if known[1] is not None:
+            known[1].inc()
+        return known[0]
 
     def _refuse(self, tenant: str, quota: Quota, bucket: TokenBucket, app: str) -> None:
         retry = max(1, math.ceil(bucket.wait_s()))
