@@ -66,10 +66,11 @@ class RouterResponse:
         return orjson.loads(self.body)
 
 
-def _response(status: int, data: bytes, content_type: bytes) -> RouterResponse:
+def _response(status: int, data: bytes, content_type: bytes, extra: bytes = b"") -> RouterResponse:
     # The server writes the content type verbatim into its head: further header lines follow
-    # it, CRLF-separated (see clipper.frontend.http.Respond).
+    # it, CRLF-separated, and then the extra header lines (see clipper.frontend.http.Respond).
     first, *rest = content_type.decode("latin-1").split("\r\n")
+    rest += [line for line in extra.decode("latin-1").split("\r\n") if line]
     headers = {"content-type": first, "content-length": str(len(data))}
     for line in rest:
         name, sep, value = line.partition(":")
@@ -165,12 +166,14 @@ class RouterClient:
         loop_thread = threading.get_ident()
         what = f"{method} {path}"
 
-        def respond(status: int, data: bytes, content_type: bytes = JSON, /) -> None:
+        def respond(
+            status: int, data: bytes, content_type: bytes = JSON, extra: bytes = b"", /
+        ) -> None:
             if threading.get_ident() != loop_thread:
                 err = AssertionError(f"{what}: respond() was called off the event loop's thread")
                 loop.call_soon_threadsafe(_settle_exception, answer, err)
                 return
-            resp = _response(status, data, content_type)
+            resp = _response(status, data, content_type, extra)
             if answer.done():
                 self.double_responds.append((what, resp))
                 return
@@ -188,7 +191,7 @@ class RouterClient:
                 self.router(method.encode(), route_path, route_headers, data, respond, t0=t0)
             except RequestError as err:
                 if not answer.done():
-                    respond(err.status, error_body(err), JSON)
+                    respond(err.status, error_body(err), JSON, err.headers)
             except Exception:
                 if self.raise_server_exceptions:
                     raise

@@ -44,11 +44,18 @@ class Client:
         *,
         token: str | None = None,
         timeout_s: float = 120.0,
+        api_key: str | None = None,
+        priority: str | None = None,
     ) -> None:
+        """``token``: the admin API's; ``api_key``: a tenant's key for queries (sent as
+        ``X-Api-Key``), and ``priority`` the class they ask for (``X-Priority``, which can
+        only lower the key's): docs/tenants.md."""
         self.admin_url = admin_url.rstrip("/")
         self.query_url = query_url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
+        self.api_key = api_key
+        self.priority = priority
 
     # -- transport ---------------------------------------------------------------------------
     def _call(
@@ -58,9 +65,15 @@ class Client:
         *,
         headers: dict[str, str] | None = None,
         method: str = "POST",
+        query: bool = False,
     ) -> tuple[int, bytes]:
         hdrs = {"Content-Type": "application/json", **(headers or {})}
-        if self.token is not None:
+        if query:  # the query port reads tenants' keys, never the admin token
+            if self.api_key is not None:
+                hdrs["X-Api-Key"] = self.api_key
+            if self.priority is not None:
+                hdrs["X-Priority"] = self.priority
+        elif self.token is not None:
             hdrs["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(url, data=body, method=method, headers=hdrs)
         try:
@@ -272,6 +285,44 @@ class Client:
         view: dict[str, Any] = self.admin("set_autoscale", doc)["autoscale"]
         return view
 
+    # -- tenants (docs/tenants.md) -------------------------------------------------------------
+    def add_tenant(
+        self,
+        name: str,
+        *,
+        priority: str = "standard",
+        quotas: dict[str, dict[str, float]] | None = None,
+    ) -> dict[str, Any]:
+        """A tenant of class ``priority`` (critical, standard, sheddable) with ``quotas``:
+        ``{"*" | application: {"rate": queries a second, "burst": n}}``."""
+        doc: dict[str, Any] = {"name": name, "priority": priority, "quotas": quotas or {}}
+        view: dict[str, Any] = self.admin("add_tenant", doc)
+        return view
+
+    def update_tenant(self, name: str, **changes: Any) -> dict[str, Any]:
+        """Change ``priority`` or ``quotas`` (which replace the tenant's)."""
+        view: dict[str, Any] = self.admin("update_tenant", {"name": name, **changes})
+        return view
+
+    def delete_tenant(self, name: str) -> None:
+        self.admin("delete_tenant", {"name": name})
+
+    def list_tenants(self) -> list[dict[str, Any]]:
+        """Every tenant with its class, quotas and key ids (never the keys)."""
+        result: list[dict[str, Any]] = self.admin("get_tenants", {})
+        return result
+
+    def create_key(self, tenant: str, *, priority: str | None = None) -> dict[str, Any]:
+        """A new key for ``tenant``: the answer's ``key`` is the only time it is shown."""
+        doc: dict[str, Any] = {"tenant": tenant}
+        if priority is not None:
+            doc["priority"] = priority
+        made: dict[str, Any] = self.admin("create_key", doc)
+        return made
+
+    def delete_key(self, tenant: str, key_id: str) -> None:
+        self.admin("delete_key", {"tenant": tenant, "key_id": key_id})
+
     def list_models(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.admin("get_all_models", {"verbose": True})
         return result
@@ -313,7 +364,7 @@ class Client:
         self._query(f"{app}/update", doc, decode=False)
 
     def _query(self, route: str, doc: dict[str, Any], *, decode: bool = True) -> Any:
-        status, data = self._call(f"{self.query_url}/{route}", orjson.dumps(doc))
+        status, data = self._call(f"{self.query_url}/{route}", orjson.dumps(doc), query=True)
         if status >= 400:
             try:
                 cause = orjson.loads(data).get("cause", data.decode())

@@ -33,6 +33,7 @@ from clipper.errors import ClipperError, ConfigError, RegistryError, RequestErro
 from clipper.pipeline.describe import apply_description
 from clipper.rollout_commands import add_rollout_commands, run_rollout_command
 from clipper.tables import table
+from clipper.tenant_commands import add_tenant_commands, run_tenant_command
 
 __all__ = ["add_commands", "run_command"]
 
@@ -70,6 +71,9 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     )
     a.add_argument("--slo-micros", type=int, default=100_000, help="latency objective")
     a.add_argument("--no-cache", action="store_true")
+    a.add_argument(
+        "--require-key", action="store_true", help="refuse queries without an API key (401)"
+    )
     a.add_argument("--overload", choices=OVERLOAD.names, default="default", help=OVERLOAD.help())
     a.add_argument(
         "--on-model-error",
@@ -87,6 +91,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     a.add_argument("--slo-micros", type=int)
     a.add_argument("--default-output")
     a.add_argument("--cache", choices=("on", "off"))
+    a.add_argument("--require-key", choices=("on", "off"), help="refuse queries without a key")
     a.add_argument("--overload", choices=OVERLOAD.names, help=OVERLOAD.help())
     a.add_argument("--on-model-error", choices=ON_MODEL_ERROR.names, help=ON_MODEL_ERROR.help())
     _selection_options(a)
@@ -195,6 +200,7 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     unlink.add_argument("app")
     unlink.add_argument("model")
     add_operator_commands(sub, common, env)  # apply, export, logs, status, stop (cli_ops.py)
+    add_tenant_commands(sub, common)  # tenants, quotas, API keys (tenant_commands.py)
     q = sub.add_parser("predict", parents=[common], help="send one query")
     q.add_argument("app")
     q.add_argument("input", help='the input as JSON, e.g. "[1.0, 2.0]"')
@@ -256,6 +262,8 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
     cmd, action = args.command, getattr(args, "action", None)
     out: Any
     done = run_rollout_command(client, args)
+    if done is None:
+        done = run_tenant_command(client, args)
     if done is not None:
         return done
     if cmd == "app" and action == "register":
@@ -264,6 +272,7 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
             args.name, args.input_type, args.default_output, args.slo_micros,
             cache=not args.no_cache, overload=args.overload,
             on_model_error=args.on_model_error, **_selection_args(args),
+            **({"require_key": True} if args.require_key else {}),
         )  # fmt: skip
         out = f"registered application {args.name}"
     elif cmd == "app" and action == "update":
@@ -274,6 +283,8 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
             changes["default_output"] = _json_text(args.default_output, "--default-output")
         if args.cache is not None:
             changes["cache"] = args.cache == "on"
+        if args.require_key is not None:
+            changes["require_key"] = args.require_key == "on"
         if args.overload is not None:
             changes["overload"] = args.overload
         if args.on_model_error is not None:
@@ -281,7 +292,8 @@ def _dispatch(client: Client, args: argparse.Namespace) -> int:
         changes.update(_selection_args(args))
         if not changes:
             _err(
-                "nothing to update: give --slo-micros, --default-output, --cache, --overload, "
+                "nothing to update: give --slo-micros, --default-output, --cache, --require-key, "
+                "--overload, "
                 "--on-model-error or a selection option"
             )
             return EXIT_USAGE

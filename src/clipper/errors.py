@@ -22,8 +22,14 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │   ├── FeedbackError      feedback that failed while learned from (400) [query.selection]
     │   ├── AnswerFailed       an accepted query whose answer could not be encoded (500)
     │   │                      [query.prediction]
-    │   └── ModelFailed        a model raised, answered as an error (500 / INTERNAL)
-    │                          [frontend.model_failure]
+    │   ├── ModelFailed        a model raised, answered as an error (500 / INTERNAL)
+    │   │                      [frontend.model_failure]
+    │   └── TenantRefused      a request the tenant gate refuses, with header lines [tenants]
+    │       ├── KeyRequired    no API key for an application that requires one (401)
+    │       ├── UnknownKey     a key no tenant holds (401)
+    │       ├── PriorityForbidden  X-Priority above the key's class (403)
+    │       ├── BadTenantHeader    a key or priority header that is not one (400)
+    │       └── QuotaExceeded  over a tenant's quota (429, Retry-After, RateLimit)
     ├── RegistryError          applications, models, links: duplicate, unknown, incompatible
     │   ├── OperationError     an admin operation refused (400) [frontend.admin_fields]
     │   ├── ApplyError         a step of `clipper apply` refused [declarative.apply]
@@ -83,6 +89,9 @@ class RequestError(ClipperError):
 
     status: int = 400
     error: str = "Bad request"
+    # Extra response header lines, each ending in CRLF (429's Retry-After, 401's
+    # WWW-Authenticate); built by the raiser, never from request data.
+    headers: bytes = b""
 
     def __init__(self, cause: str) -> None:
         super().__init__(cause)

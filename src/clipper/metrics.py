@@ -222,6 +222,27 @@ class Metrics:
             registry=r,
         )
 
+        # Per tenant: operator-created names (bounded by tenants.MAX_TENANTS), never keys.
+        self.tenant_admitted = Counter(
+            "clipper_tenant_admitted",
+            "Requests with an API key admitted past the tenant gate, by tenant and class",
+            ["tenant", "class"],
+            registry=r,
+        )
+        self.tenant_refused = Counter(
+            "clipper_tenant_refused",
+            "Requests the tenant gate refused, by tenant and reason (quota: 429)",
+            ["tenant", "reason"],
+            registry=r,
+        )
+        self.tenant_shed = Counter(
+            "clipper_tenant_shed",
+            "Inputs of admitted requests shed under overload (default output or 503), by "
+            "tenant and class",
+            ["tenant", "class"],
+            registry=r,
+        )
+
     # -- series of things that are gone --------------------------------------------------------
     # A label set lives until removed: without this, every deleted version, replica and
     # application would stay in /metrics forever (1.4 KB -> 341 KB over 70 deploy cycles).
@@ -265,6 +286,17 @@ class Metrics:
             _remove(self.defaults, app, reason)
         for model in _label_values(self.missing, "model", app=app):
             _remove(self.missing, app, model)
+
+    def forget_tenants(self, kept: set[str]) -> None:
+        """Remove the series of tenants that are gone (``kept``: the tenants there are)."""
+        for metric, label in (
+            (self.tenant_admitted, "class"),
+            (self.tenant_refused, "reason"),
+            (self.tenant_shed, "class"),
+        ):
+            for tenant in _label_values(metric, "tenant") - kept:
+                for value in _label_values(metric, label, tenant=tenant):
+                    _remove(metric, tenant, value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

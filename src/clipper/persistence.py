@@ -103,6 +103,10 @@ def diff_registries(before: Registry, after: Registry) -> list[Op]:
         if before.rollouts.get(name) is not rollout:
             ops.append(Put("rollout", name, rollout.to_record()))
     ops.extend(Delete("rollout", name) for name in before.rollouts if name not in after.rollouts)
+    for name, tenant in after.tenants.items():
+        if before.tenants.get(name) is not tenant:
+            ops.append(Put("tenant", name, tenant.to_record()))
+    ops.extend(Delete("tenant", name) for name in before.tenants if name not in after.tenants)
     return ops
 
 

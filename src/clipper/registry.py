@@ -25,6 +25,7 @@ from clipper.pipeline.spec import Pipeline, check_against, parse_pipeline
 from clipper.rollout import Rollout
 from clipper.rpc.wire import embed_output
 from clipper.scaling import AutoscaleConfig
+from clipper.tenants import MAX_TENANTS, Tenant
 
 __all__ = [
     "GONE",
@@ -79,6 +80,8 @@ class Application:
     # A pipeline of stages instead of linked models (docs/pipelines.md): its description as
     # given (JSON), and parsed.
     pipeline: dict[str, Any] | None = None
+    # Queries without an API key are refused with 401 (clipper.tenants).
+    require_key: bool = False
     default_value: Any = field(default=None, compare=False)
     stages: Pipeline | None = field(default=None, init=False, compare=False, repr=False)
     # Derived once: read several times per query on the hot path.
@@ -137,21 +140,25 @@ class Application:
         object.__setattr__(self, "answer_margin_s", min(0.1 * slo_s, 0.002))
 
     def to_record(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "input_type": self.input_type.readable,
-            "default_output": self.default_output,
-            "latency_slo_micros": self.latency_slo_micros,
-            "cache": self.cache,
-            "overload": self.overload,
-            "on_model_error": self.on_model_error,
-            "policy": self.policy,
-            "policy_params": dict(self.policy_params),
-            "min_confidence": self.min_confidence,
-            "loss": self.loss,
-            "loss_scale": self.loss_scale,
-            "online_learning": self.online_learning,
-        } | ({} if self.pipeline is None else {"pipeline": self.pipeline})
+        return (
+            {
+                "name": self.name,
+                "input_type": self.input_type.readable,
+                "default_output": self.default_output,
+                "latency_slo_micros": self.latency_slo_micros,
+                "cache": self.cache,
+                "overload": self.overload,
+                "on_model_error": self.on_model_error,
+                "policy": self.policy,
+                "policy_params": dict(self.policy_params),
+                "min_confidence": self.min_confidence,
+                "loss": self.loss,
+                "loss_scale": self.loss_scale,
+                "online_learning": self.online_learning,
+            }
+            | ({} if self.pipeline is None else {"pipeline": self.pipeline})
+            | ({"require_key": True} if self.require_key else {})
+        )
 
     @classmethod
     def from_record(cls, r: dict[str, Any]) -> Application:
@@ -170,6 +177,7 @@ class Application:
             loss_scale=float(r.get("loss_scale", 1.0)),
             online_learning=bool(r.get("online_learning", False)),
             pipeline=r.get("pipeline"),
+            require_key=bool(r.get("require_key", False)),
         )
 
 
@@ -272,7 +280,7 @@ class Intent:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    kind: Literal["app", "model", "link", "version", "replicas", "intent", "rollout"]
+    kind: Literal["app", "model", "link", "version", "replicas", "intent", "rollout", "tenant"]
     op: Literal["add", "update", "delete"]
     name: str
     version: str | None = None
@@ -294,6 +302,8 @@ class Registry:
         self.intents: dict[str, Intent] = {}
         # model name -> its traffic split and shadow (clipper.rollout), when it has one
         self.rollouts: dict[str, Rollout] = {}
+        # tenant name -> its class, quotas and hashed keys (clipper.tenants)
+        self.tenants: dict[str, Tenant] = {}
         self._listeners: list[Listener] = []
 
     def copy(self) -> Registry:
@@ -305,6 +315,7 @@ class Registry:
         r.links = {app: list(models) for app, models in self.links.items()}
         r.intents = dict(self.intents)
         r.rollouts = dict(self.rollouts)
+        r.tenants = dict(self.tenants)
         return r
 
     def records(self) -> Records:
@@ -320,6 +331,7 @@ class Registry:
             "links": {app: list(models) for app, models in self.links.items()},
             "intent": {name: i.to_record() for name, i in self.intents.items()},
             "rollout": {name: ro.to_record() for name, ro in self.rollouts.items()},
+            "tenant": {name: t.to_record() for name, t in self.tenants.items()},
         }
 
     def apply_snapshot(self, target: Records) -> list[Change]:
@@ -390,6 +402,13 @@ class Registry:
             if name in self.intents:
                 ended = self.intents.pop(name)
                 changes.append(Change("intent", "delete", name, ended.version))
+        for name, tenant in _parsed(puts.get("tenant", {}), Tenant.from_record).items():
+            if self.tenants.get(name) != tenant:
+                op = "add" if name not in self.tenants else "update"
+                self.tenants[name] = tenant
+                changes.append(Change("tenant", op, name))
+        left = [n for n in gone.get("tenant", []) if self.tenants.pop(n, None) is not None]
+        changes.extend(Change("tenant", "delete", name) for name in left)
         undone = [n for n in gone.get("rollout", []) if self.rollouts.pop(n, None) is not None]
         changes.extend(Change("rollout", "delete", name) for name in undone)
         dropped = [n for n in gone.get("current", []) if self.current.pop(n, None) is not None]
@@ -622,6 +641,34 @@ class Registry:
         self.rollouts[name] = rollout
         self._emit(Change("rollout", op, name))
         return rollout
+
+    # tenants
+    def set_tenant(self, tenant: Tenant) -> Tenant:
+        """Add or replace a tenant (its quotas must name applications that exist)."""
+        check_name("tenant", tenant.name)
+        if tenant.name not in self.tenants and len(self.tenants) >= MAX_TENANTS:
+            raise RegistryError(f"{MAX_TENANTS} tenants exist, the most a deployment holds")
+        for q in tenant.quotas:
+            if q.app is not None and q.app not in self.apps:
+                raise RegistryError(
+                    f"tenant '{tenant.name}': quota for application '{q.app}', which does not "
+                    "exist (give app null for a quota across all applications)"
+                )
+        op: Literal["add", "update"] = "update" if tenant.name in self.tenants else "add"
+        self.tenants[tenant.name] = tenant
+        self._emit(Change("tenant", op, tenant.name))
+        return tenant
+
+    def get_tenant(self, name: str) -> Tenant:
+        try:
+            return self.tenants[name]
+        except KeyError:
+            raise RegistryError(f"Tenant '{name}' does not exist") from None
+
+    def delete_tenant(self, name: str) -> None:
+        self.get_tenant(name)
+        del self.tenants[name]
+        self._emit(Change("tenant", "delete", name))
 
     def runs(self, mv: ModelVersion) -> bool:
         """Whether ``mv`` should have replicas: it is current, kept, being switched to, or

@@ -51,7 +51,7 @@ from clipper.persistence import StoreSync
 from clipper.query.collector import CollectorPauses
 from clipper.query.loop_lag import LoopLagMonitor
 from clipper.query.runtime import QueryServices, build_query_runtime
-from clipper.registry import Application, ModelVersion, Registry
+from clipper.registry import Application, Change, ModelVersion, Registry
 from clipper.rollout import Rollout
 from clipper.rpc.artifacts import ArtifactServer
 from clipper.rpc.link import Connection
@@ -69,6 +69,7 @@ from clipper.runtime.replicas import ReplicaDirectory
 from clipper.runtime.state_lock import StateLock
 from clipper.store.base import Store
 from clipper.store.open import open_store
+from clipper.tenants import TenantGate
 
 if TYPE_CHECKING:
     from clipper.frontend.grpc.native import NativeGrpcServer
@@ -244,6 +245,9 @@ class Clipper:
             clock=self.clock,
             metrics_registry=self.metrics.registry,
         )
+        # API keys, quotas and classes: the registry's tenants, re-indexed when they change.
+        self.tenant_gate = TenantGate(self.registry.tenants, self.clock, self.metrics)
+        self.registry.subscribe(self._tenants_changed)
         self.services = QueryServices(
             catalog=self.catalog,
             processor=self.processor,
@@ -251,6 +255,7 @@ class Clipper:
             clock=self.clock,
             queue_capacity=config.queue_capacity,
             max_items=config.max_items_per_request,
+            tenants=self.tenant_gate,
         )
         # Large bodies are counted in these threads, off the event loop.
         self.parse_pool = ParsePool()
@@ -738,6 +743,10 @@ class Clipper:
     def _close_schedulers(self) -> None:
         for sched in self.schedulers.values():
             sched.close(ReplicaError("the frontend is shutting down"))
+
+    def _tenants_changed(self, change: Change) -> None:
+        if change.kind == "tenant":
+            self.tenant_gate.changed()
 
     def _forget_app(self, name: str) -> None:
         self.processor.forget_app(name)

@@ -60,6 +60,7 @@ GUIDE = [
 ]
 SETUP: dict[str, list[str]] = {
     "docs/autoscaling.md": ["clipper start", *GUIDE],
+    "docs/tenants.md": ["clipper start", *GUIDE],
     "docs/rollouts.md": [
         "clipper start",
         "clipper app register digits --input-type doubles --default-output -1 --slo-micros 20000",

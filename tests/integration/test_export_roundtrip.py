@@ -31,18 +31,23 @@ READS = {
     "ping", "get_all_applications", "get_application", "get_linked_models", "get_all_models",
     "get_model", "get_all_containers", "get_container", "get_state", "get_replicas", "get_logs",
     "get_traffic", "export_state", "get_artifact", "get_replica_logs", "get_status",
+    "get_tenants",
 }  # fmt: skip
 # Mutating routes that are not state the file carries (docs/cli.md lists them).
 NOT_STATE = {
     # Remembers a deployment for the add_model that follows it; the version that add_model
     # makes is what is carried.
     "stage_model": "a deployment waiting for its add_model",
+    # API keys are secrets shown once: never in a file (apply leaves them as they are).
+    "create_key": "a tenant's API key",
+    "delete_key": "a tenant's API key",
 }
 # Mutating routes whose every effect the file carries: each is called below.
 CARRIED = {
     "add_app", "update_app", "delete_app", "add_model_links", "delete_model_links", "add_model",
     "delete_versioned_model", "deploy_model", "upload_model", "set_num_replicas",
     "set_autoscale", "set_model_version", "set_traffic_split", "set_shadow",
+    "add_tenant", "update_tenant", "delete_tenant",
 }  # fmt: skip
 
 PIPELINE = {"stages": [{"name": "total", "model": "summer", "budget": 0.5}], "output": "$total"}
@@ -120,6 +125,13 @@ def _build_state(a: Clipper, work: Path) -> None:
     c.link_model_to_app("ens", "versioned")
     c.unlink_model_from_app("ens", "summer")
     c.register_application("chain", "doubles", "-2", 1_000_000, pipeline=PIPELINE)
+    c.add_tenant("gold", priority="critical", quotas={"*": {"rate": 100, "burst": 200}})
+    c.update_tenant(
+        "gold", quotas={"*": {"rate": 2.5, "burst": 5}, "sums": {"rate": 1, "burst": 2}}
+    )
+    c.add_tenant("bulk", priority="sheddable")
+    c.add_tenant("tmp")
+    c.delete_tenant("tmp")
 
 
 def _reads(a: Clipper) -> None:
@@ -195,7 +207,7 @@ async def test_the_whole_state_round_trips_and_drift_is_repaired(tmp_path: Path)
         first = await _export(a, tmp_path / "export-a")
         text = first.decode()
         assert "pipeline:" in text and "split:" in text and "shadow:" in text
-        assert "autoscale:" in text and "labels:" in text
+        assert "autoscale:" in text and "labels:" in text and "tenants:" in text
         assert text.index("version: '1'") < text.index("version: '2'") < text.index("version: '10'")
 
         file = tmp_path / "export-a" / "clipper.yaml"

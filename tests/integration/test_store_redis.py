@@ -95,6 +95,7 @@ async def test_put_load_delete_contract(stores: Callable[..., Any]) -> None:
         "links": {},
         "intent": {},
         "rollout": {},
+        "tenant": {},
     }
     value: dict[str, Any] = {"labels": ["x"]}
     await s.put("app", "a", APP)
@@ -116,6 +117,7 @@ async def test_put_load_delete_contract(stores: Callable[..., Any]) -> None:
         "links": {"a": ["m"]},
         "intent": {},
         "rollout": {"m": rollout},
+        "tenant": {},
     }
     snap["app"]["a"]["name"] = "mutated after load"
     assert (await s.load())["app"]["a"] == APP

@@ -65,7 +65,9 @@ def test_rest_selection_policy_answers_name_models_and_confidence() -> None:
 
 def test_rest_reply_renders_answers_and_refusals() -> None:
     got: list[tuple[int, bytes, bytes]] = []
-    reply = RestReply(lambda status, data, ctype=b"": got.append((status, data, ctype)))
+    reply = RestReply(
+        lambda status, data, ctype=b"", headers=b"": got.append((status, data, ctype))
+    )
     reply.answer([ANSWERED])
     reply.fail(QueryRejected("queue is full"))
     assert got[0][:2] == (200, encode_predictions([ANSWERED]))
@@ -76,7 +78,9 @@ def test_rest_reply_renders_feedback_outcomes() -> None:
     from clipper.query.selection import FeedbackError, NoPrediction
 
     got: list[tuple[int, bytes, bytes]] = []
-    reply = RestReply(lambda status, data, ctype=b"": got.append((status, data, ctype)))
+    reply = RestReply(
+        lambda status, data, ctype=b"", headers=b"": got.append((status, data, ctype))
+    )
     reply.received()
     reply.fail(FeedbackError("bad label"))
     reply.fail(NoPrediction("no model"))
@@ -120,7 +124,7 @@ def test_v2_rest_binary_output_follows_the_header() -> None:
 def test_v2_rest_error_is_the_cause_alone() -> None:
     got: list[tuple[int, bytes]] = []
     v2.error_response(
-        lambda status, data, ctype=b"": got.append((status, data)), NotFoundError("x")
+        lambda status, data, ctype=b"", headers=b"": got.append((status, data)), NotFoundError("x")
     )
     assert got == [(404, b'{"error":"x"}')]
 
@@ -302,7 +306,7 @@ class _Unencodable:
 def test_every_reply_answers_500_when_encoding_raises() -> None:
     bad = [Prediction(1, _Unencodable())]
     got: list[tuple[int, bytes]] = []
-    RestReply(lambda status, data, ctype=b"": got.append((status, data))).answer(bad)
+    RestReply(lambda status, data, ctype=b"", headers=b"": got.append((status, data))).answer(bad)
     assert got[0][0] == 500
     doc = orjson.loads(got[0][1])
     assert doc["error"] == "Internal error"
@@ -310,9 +314,9 @@ def test_every_reply_answers_500_when_encoding_raises() -> None:
     got.clear()
     req = InferRequest([], None, binary_output=True)
     app = Application("a", InputType.DOUBLES, "null", 1000)
-    v2._V2Reply(lambda status, data, ctype=b"": got.append((status, data)), app, "1", req).answer(
-        bad
-    )
+    v2._V2Reply(
+        lambda status, data, ctype=b"", headers=b"": got.append((status, data)), app, "1", req
+    ).answer(bad)
     assert got[0][0] == 500
     assert "encoding a V2 infer response failed" in orjson.loads(got[0][1])["error"]
 

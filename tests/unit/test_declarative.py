@@ -375,3 +375,65 @@ def test_the_second_example_in_the_docs_is_a_valid_file(tmp_path: Path) -> None:
     (model,) = d.models
     assert model.rollout is not None and model.rollout.sticky
     assert d.apps[0].app.pipeline is not None and model.versions[0].autoscale is not None
+
+
+TENANTS = (
+    GOOD.replace("    slo_micros: 20000\n", "    slo_micros: 20000\n    require_key: true\n")
+    + """\
+tenants:
+  - name: gold
+    priority: critical
+    quotas: {"*": {rate: 100, burst: 200}, sums: {rate: 10, burst: 20}}
+  - name: bulk
+"""
+)
+
+
+def test_tenants_and_require_key_are_planned_exported_and_pruned(tmp_path: Path) -> None:
+    path = _write(tmp_path, TENANTS)
+    plan = make_plan(read_desired_state(path), _empty_state())
+    adds = [s for s in plan.steps if s.op == "add_tenant"]
+    assert [s.args["name"] for s in adds] == ["gold", "bulk"]
+    assert adds[0].args["quotas"] == {
+        "*": {"rate": 100, "burst": 200},
+        "sums": {"rate": 10, "burst": 20},
+    }
+    assert adds[1].args == {"name": "bulk", "priority": "standard", "quotas": {}}
+    assert plan.steps.index(adds[0]) > max(
+        i for i, s in enumerate(plan.steps) if s.op in ("add_app", "link")
+    )  # after the application its quota names
+    assert next(s for s in plan.steps if s.op == "add_app").args["record"]["require_key"] is True
+    state = _state_of(path)
+    state["tenants"] = [
+        {"name": "gold", "priority": "critical",
+         "quotas": {"*": {"rate": 100, "burst": 200}, "sums": {"rate": 10, "burst": 20}}},
+        {"name": "bulk", "priority": "sheddable", "quotas": {}},
+        {"name": "old", "priority": "standard", "quotas": {}},
+    ]  # fmt: skip
+    plan = make_plan(read_desired_state(path), state)
+    assert [(s.op, s.args) for s in plan.steps] == [
+        ("update_tenant", {"name": "bulk", "priority": "standard"})
+    ]
+    assert "tenant old" in " ".join(plan.notes)
+    pruned = make_plan(read_desired_state(path), state, prune=True)
+    assert ("delete_tenant", {"name": "old"}) in [(s.op, s.args) for s in pruned.steps]
+    doc = to_document(state)
+    assert doc["applications"][0]["require_key"] is True
+    assert [t["name"] for t in doc["tenants"]] == ["bulk", "gold", "old"]
+    assert all("keys" not in t for t in doc["tenants"])
+    # Turning require_key off is a change too (records hold it only when set).
+    off = _write(tmp_path, TENANTS.replace("    require_key: true\n", ""), "off.yaml")
+    changes = [
+        s.args for s in make_plan(read_desired_state(off), state).steps if s.op == "update_app"
+    ]
+    assert changes == [{"name": "sums", "changes": {"require_key": False}}]
+
+
+def test_a_bad_tenant_is_a_problem_with_its_path(tmp_path: Path) -> None:
+    text = GOOD + (
+        "tenants:\n  - name: t\n    priority: urgent\n"
+        "  - {name: u, quotas: {'*': {rate: 0, burst: 1}}}\n"
+    )
+    problems = _problems(_write(tmp_path, text))
+    assert any("tenants[0]" in p and "critical, standard, sheddable" in p for p in problems)
+    assert any("tenants[1]" in p and "rate must be in" in p for p in problems), problems

@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "metrics_window",
         "version",
         "untrusted",
+        "tenants",
     ),
     # The RPC wire and its auth; pipeline descriptions (data only).
     ("rpc", "pipeline"),
@@ -60,7 +61,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workers",),
     # Clients and tools: the Python client, desired-state files, the CLI.
     ("client", "tables"),
-    ("declarative", "rollout_commands", "compat"),
+    ("declarative", "rollout_commands", "tenant_commands", "compat"),
     ("cli_ops",),
     ("commands",),
     ("cli",),

@@ -50,6 +50,7 @@ async def test_load_of_an_empty_store_has_every_config_kind(store: Store) -> Non
         "links": {},
         "intent": {},
         "rollout": {},
+        "tenant": {},
     }
 
 
@@ -68,6 +69,7 @@ async def test_put_then_load(store: Store) -> None:
         "links": {"a": ["m"]},
         "intent": {},
         "rollout": {"m": rollout},
+        "tenant": {},
     }
 
 

@@ -18,7 +18,7 @@ from clipper.batching.controllers import BatchController, make_controller
 from clipper.batching.decision import Wait, decide
 from clipper.batching.health import ModelHealth, Totals
 from clipper.batching.model_errors import ModelErrorLog
-from clipper.batching.queue import ModelQueue, Task
+from clipper.batching.queue import STANDARD, ModelQueue, Task
 from clipper.batching.wait import WaitPolicy, make_wait_policy
 from clipper.cache import PredictionCache, abandoned
 from clipper.clock import Clock, TimerHandle
@@ -115,6 +115,12 @@ TRUSTED_AFTER_BATCHES = 8
 PROBE_EVERY_S = 1.0
 PROBE_SHED_SHARE = 0.98
 PROBE_MIN_OFFERED = 100
+
+# Per class (critical, standard, sheddable): the share of the measured capacity a query of the
+# class is not priced on, kept free for the classes above it. Standard keeps none, so a
+# frontend without tenants (everything standard) sheds exactly as before.
+HEADROOM: tuple[float, float, float] = (0.0, 0.0, 0.25)
+_PRICED = tuple(1.0 - share for share in HEADROOM)  # the capacity each class is priced on
 
 
 class ModelScheduler:
@@ -274,14 +280,18 @@ class ModelScheduler:
             # gets measured again instead of shedding forever. (The replica scan runs only
             # when the cheap estimate is already late: this is the query path.)
             # A shared replica also runs the batches other frontends queued on it first.
+            # A task waits only behind the work of its class and above (the queue serves the
+            # highest class first); a sheddable one is priced on the capacity left after the
+            # headroom kept for the classes above it, so that they find replicas free.
             elsewhere = self._queued_elsewhere_s()
-            wait = (len(q) + 1) / self._capacity_rps + elsewhere
+            rank = task.rank
+            wait = (q.ahead(rank) + 1) / (self._capacity_rps * _PRICED[rank]) + elsewhere
             late = task.enqueued_at + wait > task.deadline
             if not late and task.enqueued_at + wait + self._batch_latency > task.deadline:
                 running = self._running_remaining(task.enqueued_at)
                 late = task.enqueued_at + wait + running > task.deadline
                 wait += running
-            if late and not q and not elsewhere and self._free_replica() is not None:
+            if late and not q.ahead(rank) and not elsewhere and self._free_replica() is not None:
                 late = False
             if late and not self._probe(task.enqueued_at):
                 self.shed += 1
@@ -290,9 +300,22 @@ class ModelScheduler:
                     f"about {wait * 1e3:.1f} ms of work, more than the query's latency SLO allows"
                 )
         if not q.push(task):
+            evicted = q.evict_below(task.rank)
+            if evicted is None:
+                self.shed += 1
+                raise OverloadedError(
+                    f"model {self.mv.name}:{self.mv.version} queue is full ({q.capacity} queries)"
+                )
+            # A full queue makes room for a higher class: the lower one is shed instead.
             self.shed += 1
-            raise OverloadedError(
-                f"model {self.mv.name}:{self.mv.version} queue is full ({q.capacity} queries)"
+            q.push(task)
+            self._deliver(
+                evicted,
+                None,
+                OverloadedError(
+                    f"model {self.mv.name}:{self.mv.version} queue is full ({q.capacity} "
+                    "queries): a query of a higher class took this one's place"
+                ),
             )
         self._wait.arrived(task.enqueued_at)
 
@@ -335,20 +358,22 @@ class ModelScheduler:
         """The typical latency of a batch of the size replicas take now (0.0: not known)."""
         return self._batch_latency
 
-    def expected_latency_s(self) -> float:
+    def expected_latency_s(self, rank: int = STANDARD) -> float:
         """About how long an input queued now would take, as :meth:`submit` prices it: the
         work queued ahead of it and its own at the replicas' throughput, and what is left of
         the batches running when no replica is free. 0.0 when not known yet, or when the queue
         is empty and a replica is free: an idle model always admits, as :meth:`submit` does
         (that is also how a stale estimate gets measured again). Pipelines price their
-        critical path with it."""
+        critical path with it. ``rank``: the class of the input, which waits only behind its
+        class and those above (see :meth:`submit`)."""
         if self._capacity_rps <= 0.0:
             return 0.0
         elsewhere = self._queued_elsewhere_s()
         if not elsewhere and not self.queue and self._free_replica() is not None:
             return 0.0
         running = self._running_remaining(self.clock.now())
-        return (len(self.queue) + 1) / self._capacity_rps + running + elsewhere
+        ahead = self.queue.ahead(rank) + 1
+        return ahead / (self._capacity_rps * _PRICED[rank]) + running + elsewhere
 
     def _queued_elsewhere_s(self) -> float:
         """How long the batches other frontends have queued on shared replicas delay ours:

@@ -128,6 +128,12 @@ def _run(step: Step, client: Client, prepared: dict[tuple[str, str], Prepared]) 
         client.link_model_to_app(a["app"], a["model"])
     elif step.op == "unlink":
         client.unlink_model_from_app(a["app"], a["model"])
+    elif step.op == "add_tenant":
+        client.add_tenant(a["name"], priority=a["priority"], quotas=a["quotas"])
+    elif step.op == "update_tenant":
+        client.update_tenant(a["name"], **{k: v for k, v in a.items() if k != "name"})
+    elif step.op == "delete_tenant":
+        client.delete_tenant(a["name"])
     else:  # pragma: no cover - the planner makes only the ops above
         raise ClipperError(f"unknown step {step.op}")
 

@@ -104,7 +104,14 @@ def to_document(state: dict[str, Any]) -> dict[str, Any]:
             "the frontend holds state the file cannot express, so nothing was written:\n"
             + "\n".join(f"  {r}" for r in refused)
         )
-    return {"applications": apps, "models": models}
+    document: dict[str, Any] = {"applications": apps, "models": models}
+    tenants = [
+        {"name": t["name"], "priority": t["priority"], "quotas": canonical(t["quotas"])}
+        for t in sorted(state.get("tenants", []), key=lambda t: t["name"])
+    ]
+    if tenants:  # the keys stay where they are: secrets, never in a file
+        document["tenants"] = tenants
+    return document
 
 
 def _version(model: str, v: dict[str, Any], typed: bool, refused: list[str]) -> dict[str, Any]:

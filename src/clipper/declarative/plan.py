@@ -7,7 +7,8 @@ puts it back. The order keeps every step valid on the frontend: applications are
 (without their pipeline), model versions are deployed (the version that should serve last, so
 traffic ends on it), scaled and autoscaled, links are removed before an application's policy
 changes and added after it, then each model's split and shadow are set, then pipelines (whose
-stages name the models and applications made before), and only then, with ``--prune``, what the
+stages name the models and applications made before), then tenants (whose quotas name
+applications), and only then, with ``--prune``, what the
 file does not mention is deleted. Anything the frontend would refuse
 (an immutable field changed, a link to an unknown model, input types that do not match) is a
 problem found here, before the first change.
@@ -24,14 +25,17 @@ from clipper.artifact_digest import content_digest
 from clipper.config import BatchingConfig
 from clipper.declarative.document import DocumentError, PathKey
 from clipper.declarative.spec import (
+    APP_DEFAULTS,
     APP_REQUIRED,
     AUTOSCALE_DEFAULTS,
     AppSpec,
     DesiredState,
     ModelSpec,
+    TenantSpec,
     VersionSpec,
 )
 from clipper.rollout import Rollout
+from clipper.tenants import quotas_to_doc
 
 __all__ = ["Plan", "Step", "make_plan"]
 
@@ -103,6 +107,8 @@ class _Planner:
         self.versions: dict[str, dict[str, dict[str, Any]]] = {
             m["name"]: {v["version"]: v for v in m["versions"]} for m in current["models"]
         }
+        # Absent from a frontend older than tenants.
+        self.tenants: dict[str, dict[str, Any]] = {t["name"]: t for t in current.get("tenants", [])}
 
     def fail(self, path: PathKey, message: str) -> None:
         self.problems.append(self.desired.located.problem(path, message))
@@ -140,6 +146,8 @@ class _Planner:
             self._traffic(model)
         for spec in d.apps:
             self._pipeline(spec)
+        for t in d.tenants:  # after the applications their quotas name
+            self._tenant(t)
         self._leftovers()
         if self.problems:
             raise DocumentError(self.problems)
@@ -157,7 +165,8 @@ class _Planner:
 
     def _app_changes(self, spec: AppSpec) -> dict[str, Any]:
         have = self.apps[spec.name]
-        want = spec.app.to_record()
+        # A record holds require_key only when it is set: compared with its default as well.
+        want = {"require_key": False, **spec.app.to_record()}
         if have["input_type"] != want["input_type"]:
             self.fail(
                 (*spec.path, "input_type"),
@@ -168,7 +177,9 @@ class _Planner:
         changes = {
             k: v
             for k, v in want.items()
-            if k not in _FIXED_APP_FIELDS and k != "pipeline" and have.get(k) != v
+            if k not in _FIXED_APP_FIELDS
+            and k != "pipeline"
+            and have.get(k, APP_DEFAULTS.get(k)) != v
         }
         if want.get("pipeline") is None and have.get("pipeline") is not None:
             changes["pipeline"] = None  # removed before links are added (set ones come last)
@@ -373,11 +384,29 @@ class _Planner:
                 name=v.model, version=v.version, replicas=v.replicas,
             )  # fmt: skip
 
+    # -- tenants -------------------------------------------------------------------------------
+    def _tenant(self, spec: TenantSpec) -> None:
+        t = spec.tenant
+        want = {"priority": t.priority.label, "quotas": quotas_to_doc(t.quotas)}
+        have = self.tenants.get(t.name)
+        if have is None:
+            self.add(
+                "add_tenant", "+", f"tenant {t.name} ({want['priority']}, quotas "
+                f"{_show(want['quotas'])})", name=t.name, **want,
+            )  # fmt: skip
+            return
+        changes = {k: v for k, v in want.items() if have.get(k) != v}
+        if changes:
+            said = ", ".join(f"{k} {_show(have.get(k))} -> {_show(v)}" for k, v in changes.items())
+            self.add("update_tenant", "~", f"tenant {t.name}: {said}", name=t.name, **changes)
+
     # -- what the file does not mention --------------------------------------------------------
     def _leftovers(self) -> None:
         named_apps = {a.name for a in self.desired.apps}
         listed = {m.name: {v.version for v in m.versions} for m in self.desired.models}
         extra_apps = [a for a in self.apps if a not in named_apps]
+        named_tenants = {t.tenant.name for t in self.desired.tenants}
+        extra_tenants = [t for t in self.tenants if t not in named_tenants]
         extra_versions = [
             (name, version)
             for name, versions in self.versions.items()
@@ -385,14 +414,18 @@ class _Planner:
             if version not in listed.get(name, set())
         ]
         if not self.prune:
-            if extra_apps or extra_versions:
-                things = [f"application {a}" for a in extra_apps] + [
-                    f"model {n}:{v}" for n, v in extra_versions
-                ]
+            if extra_apps or extra_versions or extra_tenants:
+                things = (
+                    [f"application {a}" for a in extra_apps]
+                    + [f"model {n}:{v}" for n, v in extra_versions]
+                    + [f"tenant {t}" for t in extra_tenants]
+                )
                 self.plan.notes.append(
                     f"not in the file, kept (--prune deletes them): {', '.join(things)}"
                 )
             return
+        for t in extra_tenants:  # before the applications their quotas may name
+            self.add("delete_tenant", "-", f"tenant {t} and its keys", name=t)
         for a in extra_apps:
             self.add("delete_app", "-", f"application {a}", name=a)
         gone_models = {n for n, _ in extra_versions if n not in listed}

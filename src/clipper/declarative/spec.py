@@ -1,5 +1,7 @@
 """The desired-state file's schema: applications (pipelines included), models with their
-versions (batching, autoscaling), each model's traffic split and shadow, links.
+versions (batching, autoscaling), each model's traffic split and shadow, links, and tenants
+with their class and quotas (their API keys are secrets made by ``clipper tenant key``, never
+in a file).
 
 ::
 
@@ -25,6 +27,10 @@ versions (batching, autoscaling), each model's traffic split and shadow, links.
             autoscale: {min_replicas: 1, max_replicas: 4}   # omit: replicas as given
           - version: "3"
             artifact: models/logreg-3.joblib
+    tenants:
+      - name: team-a
+        priority: critical            # critical, standard (the default) or sheddable
+        quotas: {"*": {rate: 100, burst: 200}, digits: {rate: 20, burst: 40}}
 
 Every value is checked with the same rules the frontend applies (names, SLO range, policies
 and their parameters, batching), so a file that parses here fails on the frontend only for what
@@ -33,7 +39,7 @@ depends on its state. All problems are reported at once, each with its path and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +48,12 @@ import orjson
 from clipper.artifact_digest import is_digest
 from clipper.config import BatchingConfig
 from clipper.declarative.document import DocumentError, Located, PathKey, load_document
-from clipper.errors import ClipperError
+from clipper.errors import ClipperError, RegistryError
 from clipper.inputs import InputType
 from clipper.registry import Application, check_name
 from clipper.rollout import Rollout, Shadow
 from clipper.scaling import AutoscaleConfig
+from clipper.tenants import PriorityClass, Tenant, quotas_from_doc
 from clipper.untrusted import MAX_FILE_BYTES
 
 __all__ = [
@@ -56,11 +63,13 @@ __all__ = [
     "AppSpec",
     "DesiredState",
     "ModelSpec",
+    "TenantSpec",
     "VersionSpec",
     "read_desired_state",
 ]
 
-_TOP_KEYS = ("applications", "models")
+_TOP_KEYS = ("applications", "models", "tenants")
+_TENANT_KEYS = ("name", "priority", "quotas")
 # An application's settings are its record's fields (registry.Application.to_record), so a
 # setting added there is declared, compared and exported without a change here; those below are
 # typed here for a message with the path (the others are checked by Application itself).
@@ -75,10 +84,11 @@ APP_DEFAULTS: dict[str, Any] = {
     k: v
     for k, v in Application("d", InputType.DOUBLES, "null", 1).to_record().items()
     if k not in APP_REQUIRED
-}
+} | {"require_key": False}  # in an application's record only when set
 _APP_TYPES: dict[str, type] = {
     "cache": bool, "overload": str, "policy": str, "policy_params": dict,
     "min_confidence": float, "loss": str, "loss_scale": float, "online_learning": bool,
+    "require_key": bool,
 }  # fmt: skip
 _APP_KEYS = (*APP_REQUIRED.values(), *APP_DEFAULTS, "pipeline", "models")
 _MODEL_KEYS = ("name", "input_type", "current", "split", "sticky", "shadow", "versions")
@@ -134,11 +144,18 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantSpec:
+    path: PathKey
+    tenant: Tenant
+
+
+@dataclass(frozen=True, slots=True)
 class DesiredState:
     source: Path
     located: Located
     apps: list[AppSpec]
     models: list[ModelSpec]
+    tenants: list[TenantSpec] = field(default_factory=list)
 
 
 class _Reader:
@@ -233,9 +250,28 @@ def read_desired_state(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> Desire
     models = [m for i, v in enumerate(r.items(doc, "models", ())) if (m := _model(r, v, i, path))]
     _unique(r, [(a.path, a.name) for a in apps], "application")
     _unique(r, [(m.path, m.name) for m in models], "model")
+    tenants = [t for i, v in enumerate(r.items(doc, "tenants", ())) if (t := _tenant(r, v, i))]
+    _unique(r, [(t.path, t.tenant.name) for t in tenants], "tenant")
     if r.problems:
         raise DocumentError(r.problems)
-    return DesiredState(path, located, apps, models)
+    return DesiredState(path, located, apps, models, tenants)
+
+
+def _tenant(r: _Reader, value: Any, i: int) -> TenantSpec | None:
+    path: PathKey = ("tenants", i)
+    doc = r.mapping(value, path, _TENANT_KEYS)
+    if doc is None:
+        return None
+    name = r.name(doc, "name", path, "tenant")
+    if name is None:
+        return None
+    try:
+        priority = PriorityClass.parse(doc.get("priority", "standard"))
+        quotas = quotas_from_doc(doc.get("quotas") or {})
+        return TenantSpec(path, Tenant(name, priority, quotas))
+    except RegistryError as e:
+        r.fail(path, str(e))
+        return None
 
 
 def _unique(r: _Reader, named: list[tuple[PathKey, str]], kind: str) -> None:

@@ -63,6 +63,7 @@ from clipper.frontend.admin_fields import (
     text_reply,
 )
 from clipper.frontend.admin_state import StateRoutes
+from clipper.frontend.admin_tenants import TenantAdmin
 from clipper.frontend.admin_traffic import TrafficAdmin
 from clipper.frontend.http import Respond
 from clipper.managers.base import ContainerManager
@@ -162,6 +163,10 @@ class AdminApi:
         rollouts = TrafficAdmin(registry, self.operations, traffic)
         self._sync.update(rollouts.reads)
         self._async.update(rollouts.writes)
+        # Tenants, their quotas and API keys (docs/tenants.md).
+        tenants = TenantAdmin(registry, control)
+        self._sync.update(tenants.reads)
+        self._async.update(tenants.writes)
         # Every body is checked against its route's fields (admin_fields.FIELDS), which the
         # OpenAPI document is written from: a route without them is a programming error.
         undocumented = sorted(set(self.route_names()) - set(FIELDS))
@@ -272,6 +277,7 @@ class AdminApi:
             default_output=default_output,
             latency_slo_micros=slo,
             cache=cache,
+            require_key=bool_field(doc, "require_key", False),
             overload="reject" if overload == "reject" else "default",
             on_model_error=_on_model_error(doc, "auto"),
             **_selection_fields(doc),
@@ -296,6 +302,8 @@ class AdminApi:
             changes["default_output"] = str_field(doc, "default_output")
         if "cache" in doc:
             changes["cache"] = bool_field(doc, "cache")
+        if "require_key" in doc:
+            changes["require_key"] = bool_field(doc, "require_key")
         if "overload" in doc:
             overload = str_field(doc, "overload")
             if overload not in OVERLOAD:
@@ -328,6 +336,8 @@ class AdminApi:
             doc["pipeline"] = app.pipeline
         if app.on_model_error != "auto":
             doc["on_model_error"] = app.on_model_error
+        if app.require_key:
+            doc["require_key"] = True
         return doc
 
     def _get_all_applications(self, doc: dict[str, Any]) -> Reply:

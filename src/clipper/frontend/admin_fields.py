@@ -67,6 +67,7 @@ _BATCHING = (
 )
 
 _SELECTION = (
+    ', "require_key" := bool (optional)'
     f', "policy" := {POLICIES.schema()} (optional), "policy_params" := object (optional), '
     f'"min_confidence" := number (optional), "loss" := {LOSSES.schema()} '
     '(optional), "loss_scale" := number (optional), "online_learning" := bool (optional), '
@@ -148,6 +149,22 @@ SCHEMAS: dict[str, str] = {
         '"share" := number in [0, 1] (optional, default 1)}'
     ),
     "get_traffic": '{"model_name" := string}',
+    "add_tenant": (
+        '{"name" := string, "priority" := "critical" | "standard" | "sheddable" (optional, '
+        'default standard), "quotas" := {"*" | app: {"rate" := number, "burst" := int}} '
+        "(optional)}"
+    ),
+    "update_tenant": (
+        '{"name" := string, "priority" := "critical" | "standard" | "sheddable" (optional), '
+        '"quotas" := {"*" | app: {"rate" := number, "burst" := int}} (optional: replaces them)}'
+    ),
+    "delete_tenant": '{"name" := string}',
+    "get_tenants": '{"name" := string (optional)}',
+    "create_key": (
+        '{"tenant" := string, "priority" := "critical" | "standard" | "sheddable" (optional: '
+        "the tenant's)}"
+    ),
+    "delete_key": '{"tenant" := string, "key_id" := string}',
 }
 
 
@@ -255,6 +272,7 @@ _VERBOSE = _b("verbose", doc="true: whole documents, false (the default): names"
 # An application's settings after its name, latency SLO and default output (add_app, update_app).
 _APP_SETTINGS = (
     _b("cache", doc="cache predictions (default true)"),
+    _b("require_key", doc="refuse queries without an API key (401; docs/tenants.md)"),
     _s("overload", choices=OVERLOAD.names, doc=OVERLOAD.help()),
     _s("on_model_error", choices=ON_MODEL_ERROR.names, doc=ON_MODEL_ERROR.help()),
     _s("policy", choices=POLICIES.names, doc="the selection policy (docs/selection.md)"),
@@ -272,6 +290,12 @@ _DEPLOY = (
     _s("artifact_path", True, "a model artifact (file or directory) on the frontend's disk"),
     _i("num_replicas", doc="default 1"),
     Field("batching", "object", nullable=True, schema=_BATCHING_SCHEMA),
+)
+_PRIORITY = _s("priority", choices=("critical", "standard", "sheddable"), doc="the priority class")
+_QUOTAS = Field(
+    "quotas",
+    "object",
+    doc='{"*" | application: {"rate": queries a second, "burst": int}}; "*": across all',
 )
 _AUTOSCALE_KINDS: dict[Any, Kind] = {bool: "bool", int: "int", float: "number"}
 
@@ -424,6 +448,42 @@ FIELDS: dict[str, AdminRoute] = {
         change=True,
     ),
     "get_traffic": AdminRoute((_MODEL,), "A model's split and shadow", reply="json", closed=True),
+    "add_tenant": AdminRoute(
+        (_s("name", True), _PRIORITY, _QUOTAS),
+        "Add a tenant (docs/tenants.md)",
+        reply="json",
+        closed=True,
+        change=True,
+    ),
+    "update_tenant": AdminRoute(
+        (_s("name", True), _PRIORITY, _QUOTAS),
+        "Change a tenant's class or quotas (the keys given)",
+        reply="json",
+        closed=True,
+        change=True,
+    ),
+    "delete_tenant": AdminRoute(
+        (_s("name", True),), "Delete a tenant and its keys", closed=True, change=True
+    ),
+    "get_tenants": AdminRoute(
+        (_s("name", doc="one tenant; absent: all"),),
+        "Tenants with their class, quotas and key ids (never the keys)",
+        reply="json",
+        closed=True,
+    ),
+    "create_key": AdminRoute(
+        (_s("tenant", True), _PRIORITY),
+        "Create an API key for a tenant: the answer is the only time the key is shown",
+        reply="json",
+        closed=True,
+        change=True,
+    ),
+    "delete_key": AdminRoute(
+        (_s("tenant", True), _s("key_id", True, "the id get_tenants lists")),
+        "Revoke an API key",
+        closed=True,
+        change=True,
+    ),
 }
 
 

@@ -166,7 +166,12 @@ class StateRoutes:
                     "versions": out,
                 }
             )
-        return json_reply({"applications": apps, "models": models})
+        # Tenants with their class and quotas; never their keys (secrets shown once).
+        tenants = [
+            {k: v for k, v in t.describe().items() if k != "keys"}
+            for t in sorted(reg.tenants.values(), key=lambda t: t.name)
+        ]
+        return json_reply({"applications": apps, "models": models, "tenants": tenants})
 
     def _version_digests(
         self, versions: list[ModelVersion]

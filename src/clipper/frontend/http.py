@@ -75,11 +75,14 @@ log = logging.getLogger("clipper.http")
 
 
 class Respond(Protocol):
-    """``respond(status, body[, content_type])``. ``content_type`` may carry further header
-    lines after it, CRLF-separated (the V2 binary extension's Inference-Header-Content-Length);
-    routes build it themselves, never from request data."""
+    """``respond(status, body[, content_type[, headers]])``. ``headers``: further header lines,
+    each ending in CRLF (a 429's Retry-After and RateLimit fields); routes build them
+    themselves, never from request data. (``content_type`` may also carry lines after it,
+    CRLF-separated: the V2 binary extension's Inference-Header-Content-Length.)"""
 
-    def __call__(self, status: int, data: bytes, content_type: bytes = ..., /) -> None: ...
+    def __call__(
+        self, status: int, data: bytes, content_type: bytes = ..., headers: bytes = ..., /
+    ) -> None: ...
 
 
 class Stream:
@@ -184,14 +187,17 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _OK_JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
 
 
-def _head(status: int, content_type: bytes, length: int, keep_alive: bool) -> bytes:
-    if status == 200 and keep_alive and content_type is JSON:
+def _head(
+    status: int, content_type: bytes, length: int, keep_alive: bool, headers: bytes = b""
+) -> bytes:
+    if status == 200 and keep_alive and content_type is JSON and not headers:
         return b"%s%d\r\n\r\n" % (_OK_JSON, length)  # the common answer, kept cheap
-    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
         status,
         _REASONS.get(status, b"Unknown"),
         content_type,
         length,
+        headers,
         b"" if keep_alive else b"Connection: close\r\n",
     )
 
@@ -303,8 +309,10 @@ class _Slot:
         self.data: bytes | None = None
         self.watcher: ClientWatcher | None = None
 
-    def __call__(self, status: int, data: bytes, content_type: bytes = JSON, /) -> None:
-        self.conn._answer(self, status, data, content_type)
+    def __call__(
+        self, status: int, data: bytes, content_type: bytes = JSON, headers: bytes = b"", /
+    ) -> None:
+        self.conn._answer(self, status, data, content_type, headers)
 
 
 def watch_client(respond: Respond, watcher: ClientWatcher) -> None:
@@ -740,17 +748,19 @@ class _Connection(asyncio.Protocol):
             self.server.router(self.parser.get_method(), path, headers, body, respond, t0=t0)
         except RequestError as err:
             if slot.data is None:
-                self._answer(slot, err.status, error_body(err), JSON)
+                self._answer(slot, err.status, error_body(err), JSON, err.headers)
         except Exception:
             PROTOCOL_LOG.exception(log, self.server.clock, "unexpected error serving %s", path)
             if slot.data is None:
                 self._answer(slot, 500, b"An unexpected error occurred!", b"text/plain")
 
     # responses, in request order
-    def _answer(self, slot: _Slot, status: int, data: bytes, content_type: bytes) -> None:
+    def _answer(
+        self, slot: _Slot, status: int, data: bytes, content_type: bytes, headers: bytes = b""
+    ) -> None:
         if slot.data is not None:
             return
-        slot.data = _head(status, content_type, len(data), slot.keep_alive) + data
+        slot.data = _head(status, content_type, len(data), slot.keep_alive, headers) + data
         if self._closed or self.transport is None:
             return
         slots = self._slots
@@ -820,8 +830,10 @@ class _StreamingResponder:
         self._conn = conn
         self._slot = slot
 
-    def __call__(self, status: int, data: bytes, content_type: bytes = JSON, /) -> None:
-        self._conn._answer(self._slot, status, data, content_type)
+    def __call__(
+        self, status: int, data: bytes, content_type: bytes = JSON, headers: bytes = b"", /
+    ) -> None:
+        self._conn._answer(self._slot, status, data, content_type, headers)
 
     def stream(self, status: int, content_type: bytes, /) -> Stream:
         return self._conn.open_stream(self._slot, status, content_type)

@@ -31,9 +31,16 @@ from clipper.frontend.http import (
 from clipper.frontend.model_failure import model_failure
 from clipper.frontend.openapi import admin_document, document_bytes, query_document
 from clipper.frontend.parse_pool import OFFLOAD_BYTES, ParsePool
-from clipper.query.prediction import CancellableReply, Prediction, answer_failed
+from clipper.query.prediction import (
+    CancellableReply,
+    DefaultReason,
+    Prediction,
+    QueryRejected,
+    answer_failed,
+)
 from clipper.query.runtime import QueryServices
 from clipper.registry import Application
+from clipper.tenants import Admitted, TenantGate
 
 if TYPE_CHECKING:
     from clipper.frontend.admin import AdminApi
@@ -104,7 +111,7 @@ class RestReply(CancellableReply):
     :class:`~clipper.frontend.prediction.FeedbackReply` (update). A predict's client that
     closes or resets its connection first abandons the query (:func:`watch_client`)."""
 
-    __slots__ = ("app", "apps", "respond")
+    __slots__ = ("admitted", "app", "apps", "gate", "respond")
 
     def __init__(
         self, respond: Respond, apps: dict[str, Application] | None = None, app: str = ""
@@ -113,8 +120,15 @@ class RestReply(CancellableReply):
         self.respond = respond
         self.apps = apps  # where the application's on_model_error is read, once answered
         self.app = app
+        # A request past the tenant gate: its shed inputs are counted for its tenant.
+        self.admitted: Admitted | None = None
+        self.gate: TenantGate | None = None
 
     def answer(self, predictions: list[Prediction]) -> None:
+        if self.admitted is not None and self.gate is not None:
+            shed = sum(1 for p in predictions if p.reason in _SHED)
+            if shed:
+                self.gate.shed(self.admitted, shed)
         if self.apps is not None:
             failed = model_failure(self.apps.get(self.app), predictions, errors_by_default=False)
             if failed is not None:
@@ -132,7 +146,13 @@ class RestReply(CancellableReply):
         self.respond(200, b"Feedback received? 1", _TEXT)
 
     def fail(self, err: RequestError) -> None:
+        if self.admitted is not None and self.gate is not None and isinstance(err, QueryRejected):
+            self.gate.shed(self.admitted, 1)
         self.respond(err.status, error_body(err), JSON)
+
+
+# Default reasons that mean a query was shed: refused at admission, or late out of its queue.
+_SHED = frozenset((DefaultReason.OVERLOAD, DefaultReason.SLO))
 
 
 class QueryRoutes:
@@ -148,6 +168,7 @@ class QueryRoutes:
         self._parse = self._parser.parse
         self._now = svc.clock.now
         self._apps = svc.catalog.registry.apps
+        self._gate = svc.tenants
         self._openapi: bytes | None = None  # GET /openapi.json, built on its first request
 
     def __call__(
@@ -171,13 +192,24 @@ class QueryRoutes:
                 if application is None:
                     # Not the list of the others: callers on the query port need not learn them.
                     raise NotFoundError(f"no application named '{app}'")
+                # Judged before the parse and before anything is queued: a tenant over its
+                # quota costs the others nothing (401/403/429 raised, with their headers).
+                gate = self._gate
+                admitted = None
+                if gate is not None:
+                    admitted = gate.judge(headers, app, application.require_key)
                 if len(body) > OFFLOAD_BYTES and self.pool is not None:
-                    self._predict_large(application, body, respond, t0)
+                    self._predict_large(application, body, respond, t0, admitted)
                     return
                 payloads, version, uid = self._parse(application, body)
                 reply = RestReply(respond, self._apps, app)
                 watch_client(respond, reply)
-                self._predict(application, payloads, version, uid, reply, t0)
+                if admitted is None:
+                    self._predict(application, payloads, version, uid, reply, t0)
+                else:
+                    reply.admitted, reply.gate = admitted, gate
+                    rank = admitted.priority
+                    self._predict(application, payloads, version, uid, reply, t0, None, rank)
                 return
             if verb == "update" and app:
                 application = self._apps.get(app)
@@ -247,7 +279,12 @@ class QueryRoutes:
         )
 
     def _predict_large(
-        self, application: Application, body: bytes, respond: Respond, t0: float
+        self,
+        application: Application,
+        body: bytes,
+        respond: Respond,
+        t0: float,
+        admitted: Admitted | None = None,
     ) -> None:
         """Count the body's items in the parse pool; the parse and the query resume on the loop
         once the count is under the cap, unless the request is no longer owed (its client left,
@@ -273,7 +310,11 @@ class QueryRoutes:
                 )
                 return
             watch_client(respond, reply)
-            self._predict(application, payloads, version, uid, reply, t0)
+            if admitted is None:
+                self._predict(application, payloads, version, uid, reply, t0)
+                return
+            reply.admitted, reply.gate = admitted, self._gate
+            self._predict(application, payloads, version, uid, reply, t0, None, admitted.priority)
 
         self.pool.submit(lambda: parser.count(application, body), counted)
 

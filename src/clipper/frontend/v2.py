@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from clipper.batching.queue import STANDARD
 from clipper.errors import BadInputError, NotFoundError, RequestError
 from clipper.frontend import item_scan
 from clipper.frontend.fast_input import PRECHECK_BYTES, ItemCounter
@@ -76,8 +77,12 @@ def server_version() -> str:
 
 
 def error_response(respond: Respond, err: RequestError) -> None:
-    """The V2 REST error: every V2 REST error is rendered here."""
-    respond(err.status, orjson.dumps({"error": err.cause}), JSON)
+    """The V2 REST error: every V2 REST error is rendered here (with its header lines: a
+    429's Retry-After and RateLimit fields)."""
+    if err.headers:
+        respond(err.status, orjson.dumps({"error": err.cause}), JSON, err.headers)
+    else:
+        respond(err.status, orjson.dumps({"error": err.cause}), JSON)
 
 
 def handle(  # noqa: PLR0917 (the router's signature)
@@ -150,10 +155,15 @@ def _route(  # noqa: PLR0917
             return
         if method == b"POST" and rest == ["infer"]:
             app = find_app(svc.catalog.registry, name)
+            rank = STANDARD
+            if svc.tenants is not None:  # before the parse and the queue (docs/tenants.md)
+                admitted = svc.tenants.judge(headers, app.name, app.require_key)
+                if admitted is not None:
+                    rank = admitted.priority
             if pool is not None and len(body) > OFFLOAD_BYTES:
-                _infer_large(pool, svc, app, version, headers, body, respond, t0)
+                _infer_large(pool, svc, app, version, headers, body, respond, t0, rank)
                 return
-            _infer(svc, app, version, headers, body, respond, t0)
+            _infer(svc, app, version, headers, body, respond, t0, rank)
             return
     raise NotFoundError(
         f"no route for {method.decode()} {path}; the V2 API serves GET /v2, "
@@ -367,6 +377,7 @@ def _infer(  # noqa: PLR0917
     body: bytes,
     respond: Respond,
     t0: float | None = None,
+    rank: int = STANDARD,
 ) -> None:
     request = parse_infer(headers, body, svc.max_items)
     payloads = input_payloads(app, request.inputs, svc.max_items)
@@ -374,7 +385,7 @@ def _infer(  # noqa: PLR0917
     reply = _V2Reply(respond, app, model_version, request)
     watch_client(respond, reply)  # a client that leaves first abandons the query
     arrived = svc.clock.now() if t0 is None else t0
-    svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s)
+    svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s, rank)
 
 
 def _infer_large(  # noqa: PLR0917
@@ -386,6 +397,7 @@ def _infer_large(  # noqa: PLR0917
     body: bytes,
     respond: Respond,
     t0: float | None,
+    rank: int = STANDARD,
 ) -> None:
     """:func:`_infer` with the rows counted in the parse pool first (see
     :meth:`~clipper.frontend.routes.QueryRoutes._predict_large`)."""
@@ -411,7 +423,7 @@ def _infer_large(  # noqa: PLR0917
             return
         reply = _V2Reply(respond, app, model_version, request)
         watch_client(respond, reply)
-        svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s)
+        svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s, rank)
 
     pool.submit(lambda: count_rows(headers, body, svc.max_items), counted)
 

@@ -40,10 +40,13 @@ class Runner(Protocol):
         reply: Reply,
         t0: float,
         budget_s: float,
+        rank: int = ...,
     ) -> None:
         """Answer ``payloads`` (inputs in their wire form) through ``reply``, exactly once,
-        within ``budget_s`` of ``t0``. Raises :class:`~clipper.errors.RequestError` for a
-        query refused before anything was queued."""
+        within ``budget_s`` of ``t0``; ``rank`` is the query's priority class (0 critical,
+        1 standard, 2 sheddable: the order its inputs are queued and shed in). Raises
+        :class:`~clipper.errors.RequestError` for a query refused before anything was
+        queued."""
 
     def forget_app(self, app: str) -> None:
         """A deleted application: drop what is kept for it."""

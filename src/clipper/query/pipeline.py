@@ -16,6 +16,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from clipper.batching.queue import STANDARD
 from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle
@@ -370,7 +371,10 @@ class PipelineRunner:
         reply: Reply,
         t0: float,
         budget_s: float,
+        rank: int = STANDARD,
     ) -> None:
+        """``rank``: stages are queued as standard whatever the class (classes order
+        single-model queues)."""
         q = _PipelineQuery(self, app, len(payloads), reply)
         q.t0 = t0
         q.uid = uid

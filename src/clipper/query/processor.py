@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clipper.batching.queue import STANDARD
 from clipper.errors import BadInputError
 from clipper.metrics import Metrics
 from clipper.query.answers import Answers
@@ -66,6 +67,7 @@ class QueryProcessor:
         reply: Reply,
         t0: float,
         slo_s: float | None = None,
+        rank: int = STANDARD,
     ) -> None:
         """Answer inputs already in their wire form (what :func:`~clipper.inputs.parse_input`
         makes). Raises :class:`~clipper.errors.RequestError` for bad requests (nothing has
@@ -73,13 +75,14 @@ class QueryProcessor:
 
         ``t0`` is when the request's first byte was read (the frontend's clock); the latency
         SLO and the latency histogram count from it. ``slo_s``: the client's own deadline, which
-        can only shorten the application's."""
+        can only shorten the application's. ``rank``: the query's priority class (the tenant
+        gate's :class:`~clipper.tenants.PriorityClass`; standard without tenants)."""
         if len(payloads) > self.max_items:  # the protocols check earlier, before their parse
             raise too_many_items(len(payloads), self.max_items, "the request")
         if version is not None and len(self.catalog.linked(app.name)) > 1:
             raise QueryProcessingError(f"Too many models linked to application {app.name}")
         budget = app.slo_s if slo_s is None else min(app.slo_s, slo_s)
-        self._pick(app, version).run(app, payloads, version, uid, reply, t0, budget)
+        self._pick(app, version).run(app, payloads, version, uid, reply, t0, budget, rank)
 
     def feedback(
         self, app: Application, payload: bytes, label: Any, uid: str, reply: FeedbackReply

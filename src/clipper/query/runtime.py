@@ -25,6 +25,7 @@ from clipper.query.selection import Fetch, OnFeedback, Persist, SelectionRunner
 from clipper.query.single import SingleRunner
 from clipper.query.traffic import Traffic
 from clipper.runtime.catalog import Catalog
+from clipper.tenants import TenantGate
 
 __all__ = ["QueryRuntime", "QueryServices", "build_query_runtime"]
 
@@ -107,3 +108,5 @@ class QueryServices:
     clock: Clock
     queue_capacity: int
     max_items: int
+    # API keys, quotas and classes (None: every query is anonymous and standard).
+    tenants: TenantGate | None = None

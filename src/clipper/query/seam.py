@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from clipper.batching.queue import Task
+from clipper.batching.queue import STANDARD, Task
 from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import CacheKey, Lookup, PredictionCache
 from clipper.clock import Clock
@@ -51,17 +51,19 @@ def explain(model: str, err: BaseException) -> tuple[DefaultReason, str]:
 class SubmitSeam(Protocol):
     """What a runner may ask of the models."""
 
-    def submit(
+    def submit(  # noqa: PLR0917 (one call per input: no keyword packing)
         self,
         app: Application,
         sched: ModelScheduler,
         payload: bytes,
         deadline: float,
         waiter: Waiter,
+        rank: int = STANDARD,
     ) -> bool:
         """One input for the version ``sched`` serves: answered from the cache, joined to the
         same input in flight, or queued (True: the caller pumps ``sched`` once for its whole
-        request). ``waiter`` gets the output or the error exactly once."""
+        request). ``waiter`` gets the output or the error exactly once. ``rank``: the query's
+        priority class (:class:`~clipper.tenants.PriorityClass`'s value)."""
 
     def explain(self, model: str, err: BaseException) -> tuple[DefaultReason, str]:
         """Why ``err`` means the default output, in the metric's reason and in words."""
@@ -87,13 +89,14 @@ class Submitter:
         self.metrics = metrics
         self._cache_metrics: dict[tuple[str, str], tuple[Any, Any]] = {}
 
-    def submit(
+    def submit(  # noqa: PLR0917 (one call per input: no keyword packing)
         self,
         app: Application,
         sched: ModelScheduler,
         payload: bytes,
         deadline: float,
         waiter: Waiter,
+        rank: int = STANDARD,
     ) -> bool:
         key: CacheKey | None = None
         if app.cache:
@@ -108,7 +111,7 @@ class Submitter:
             misses.inc()
             if status is Lookup.JOINED:
                 return False
-        task = Task(payload, deadline, self.clock.now(), key, None if key else waiter)
+        task = Task(payload, deadline, self.clock.now(), key, None if key else waiter, rank)
         try:
             sched.submit(task)
         except OverloadedError as e:

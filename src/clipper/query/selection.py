@@ -24,6 +24,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from clipper.batching.queue import STANDARD
 from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle, wait_all
 from clipper.errors import (
@@ -228,18 +229,20 @@ class SelectionRunner:
         reply: Reply,
         t0: float,
         slo_s: float,
+        rank: int = STANDARD,
     ) -> None:
         """``version`` is None: a selection application picks each model's version itself
-        (the processor refuses a pinned version when several models are linked)."""
+        (the processor refuses a pinned version when several models are linked). ``rank``:
+        the query's class, which every chosen model's queue orders and sheds by."""
         sel = self.selection(app)
         if uid in sel.states:
-            self._run(sel, sel.states.get(uid), payloads, uid, reply, t0, slo_s)
+            self._run(sel, sel.states.get(uid), payloads, uid, reply, t0, slo_s, rank)
             return
 
         async def load_then_run() -> None:
             try:
                 state = await self.state_for(sel, uid)
-                self._run(sel, state, payloads, uid, reply, t0, slo_s)
+                self._run(sel, state, payloads, uid, reply, t0, slo_s, rank)
             except Exception as e:  # a task: nobody else would answer
                 fail_internal(reply, f"a query of application '{app.name}'", e)
 
@@ -254,6 +257,7 @@ class SelectionRunner:
         reply: Reply,
         t0: float,
         slo_s: float,
+        rank: int = STANDARD,
     ) -> None:
         app = sel.app
         available = self.available(sel.models)
@@ -285,7 +289,7 @@ class SelectionRunner:
                 waiter = q.waiter(i, model)
                 if shadow is not None:
                     waiter = shadow.wrap(payload, waiter)
-                submitted |= seam.submit(app, sched, payload, deadline, waiter)
+                submitted |= seam.submit(app, sched, payload, deadline, waiter, rank)
             if submitted:
                 sched.pump()
             if shadow is not None:

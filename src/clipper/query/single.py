@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clipper.batching.queue import STANDARD
 from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle
@@ -58,6 +59,7 @@ class _Query(Abandonable, PendingQuery):
         "n",
         "outputs",
         "payloads",
+        "rank",
         "remaining",
         "sched",
         "shadow",
@@ -84,6 +86,7 @@ class _Query(Abandonable, PendingQuery):
         self.payloads: list[bytes] = []
         self.sched: ModelScheduler | None = None
         self.shadow: ShadowCopies | None = None  # until its copies are fired
+        self.rank = STANDARD  # the priority class its inputs are queued with
         self.gone = False  # the client went away: nothing is answered
 
     def waiter(self, i: int) -> Waiter:
@@ -218,6 +221,7 @@ class SingleRunner:
         reply: Reply,
         t0: float,
         budget_s: float,
+        rank: int = STANDARD,
     ) -> None:
         catalog = self.catalog
         linked = catalog.links.get(app.name)
@@ -254,7 +258,7 @@ class SingleRunner:
                 sched.offered += q.n  # load all the same: the autoscaler's sample wakes it too
                 q.all_default(DefaultReason.COLD_START, why)
                 return
-        cause = self._behind(t0, q.deadline - app.answer_margin_s, sched)
+        cause = self._behind(t0, q.deadline - app.answer_margin_s, sched, rank)
         if cause is not None:
             # Queued, it would only be answered late by the deadline timer (itself late by the
             # loop's lag) and take a batch slot from queries that can still make it. Counted
@@ -268,6 +272,7 @@ class SingleRunner:
                     break
             return
         q.payloads = payloads
+        q.rank = rank
         q.sched = sched
         q.version = version
         submitted = False
@@ -298,7 +303,9 @@ class SingleRunner:
             + ("it is being restarted" if mv.artifact else "none is connected")
         )
 
-    def _behind(self, t0: float, due: float, sched: ModelScheduler) -> str | None:
+    def _behind(
+        self, t0: float, due: float, sched: ModelScheduler, rank: int = STANDARD
+    ) -> str | None:
         """Why a query due by ``due`` cannot make it when the frontend itself is behind
         (a backlog of the loop's own work above noise, or the request arrived late into its
         budget); None to queue. Time the process was descheduled is no backlog
@@ -321,7 +328,7 @@ class SingleRunner:
                 return None
         if sched.probing(now):
             return None  # admission is measuring the model again (ModelScheduler._probe)
-        finish = now + (max(lag, sched.expected_latency_s()) if sched.queue else lag)
+        finish = now + (max(lag, sched.expected_latency_s(rank)) if sched.queue else lag)
         if finish <= due:
             return None
         return (
@@ -337,7 +344,7 @@ class SingleRunner:
         waiter = q.waiter(i)
         if q.shadow is not None:
             waiter = q.shadow.wrap(q.payloads[i], waiter)
-        return self.seam.submit(q.app, q.sched, q.payloads[i], q.deadline, waiter)
+        return self.seam.submit(q.app, q.sched, q.payloads[i], q.deadline, waiter, q.rank)
 
     def predictions(self, q: _Query) -> list[Prediction]:
         """The answered query as predictions (query ids are given out here, in input order),

@@ -29,6 +29,7 @@ from clipper.runtime.node import NodeIdentity
 from clipper.runtime.reconciler import Reconciler
 from clipper.scaling import AutoscaleConfig
 from clipper.store.base import DeletePrefix, StoreError
+from clipper.tenants import Tenant
 
 __all__ = ["Control", "LiveVersionError"]
 
@@ -346,6 +347,22 @@ class Control:
                 await asyncio.shield(self.sync.commit(undo))
             raise
         return after
+
+    # -- tenants -------------------------------------------------------------------------------
+    async def change_tenant(
+        self, name: str, update: Callable[[Tenant | None], Tenant | None]
+    ) -> Tenant | None:
+        """Set tenant ``name`` to ``update(the one there is, or None)``; None deletes it. The
+        update runs on the draft, so it sees what another frontend committed before."""
+
+        def change(d: Registry) -> Tenant | None:
+            after = update(d.tenants.get(name))
+            if after is None:
+                d.delete_tenant(name)
+                return None
+            return d.set_tenant(after)
+
+        return await self.sync.commit(change)
 
     # -- readiness -----------------------------------------------------------------------------
     def replicas_changed(self, sched: ModelScheduler) -> None:

@@ -2,7 +2,8 @@
 
 The store is what survives a frontend restart: applications, model versions, each model's
 current version, each application's links, the version changes under way (intents) and each
-model's traffic split and shadow (rollouts), as the registry holds them. A change is written as
+model's traffic split and shadow (rollouts), and the tenants with their quotas and hashed API
+keys (clipper.tenants), as the registry holds them. A change is written as
 one atomic :meth:`Store.commit` of several operations, and the frontend answers an admin call
 only after that commit returned.
 
@@ -58,11 +59,21 @@ __all__ = [
     "sqlite_path",
 ]
 
-Kind = Literal["app", "model", "current", "links", "intent", "rollout", "state", "replica"]
+Kind = Literal[
+    "app", "model", "current", "links", "intent", "rollout", "tenant", "state", "replica"
+]
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
 # What load() returns: the configuration. "state" (selection-policy state per application and
 # user) can hold millions of keys: it is read one key at a time with get().
-CONFIG_KINDS: Final[tuple[Kind, ...]] = ("app", "model", "current", "links", "intent", "rollout")
+CONFIG_KINDS: Final[tuple[Kind, ...]] = (
+    "app",
+    "model",
+    "current",
+    "links",
+    "intent",
+    "rollout",
+    "tenant",
+)
 # Written at run time, not configuration: never in load() (nor in an export), never sent to
 # watchers; read whole with Store.records() (a few entries: one per replica slot).
 RUNTIME_KINDS: Final[tuple[Kind, ...]] = ("replica",)

@@ -3,7 +3,7 @@
 Layout, with ``P`` the key prefix (default ``clipper``, so deployments can share one redis):
 
 * one hash per kind: ``P:app``, ``P:model``, ``P:current``, ``P:links``, ``P:intent``,
-  ``P:rollout``, ``P:state``; field = key, value = JSON;
+  ``P:rollout``, ``P:tenant``, ``P:state``; field = key, value = JSON;
 * ``P:rev``, a counter incremented by every commit: the store's revision;
 * one pub/sub channel ``P:events``; every commit publishes
   ``{"origin": <writer's random id>, "db": <db number>, "rev": <its revision>, "ops": [{"kind",

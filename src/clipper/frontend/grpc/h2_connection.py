@@ -69,6 +69,7 @@ from clipper.frontend.grpc.h2_limits import GOAWAY_LINGER_S, H2Limits, WindowBud
 from clipper.frontend.grpc.hpack_blocks import (
     CACHE_BLOCK_BYTES,
     MAX_HEADER_LIST,
+    Decoded,
     HeaderCache,
     HeaderLimitError,
     error_block,
@@ -139,8 +140,8 @@ _CONTEXT = _Context()
 
 class Stream:
     __slots__ = (
-        "body", "complete", "ctype", "done", "held", "id", "moved", "opened", "path", "pending",
-        "recv", "reply", "task", "window",
+        "body", "complete", "ctype", "done", "held", "id", "meta", "moved", "opened", "path",
+        "pending", "recv", "reply", "task", "window",
     )  # fmt: skip
 
     def __init__(self, sid: int, window: int, now: float) -> None:
@@ -154,6 +155,7 @@ class Stream:
         self.moved = now  # the last time its blocked answer moved (the send timeout)
         self.path = b""
         self.ctype = b""
+        self.meta: dict[bytes, bytes] = {}  # the call's API key and priority, when it has them
         self.pending: deque[bytes] | None = None  # DATA payloads waiting for window
         self.done = False  # answered or reset: a late answer is dropped
         self.reply: InferReply | None = None  # a ModelInfer waiting for its answer
@@ -763,13 +765,14 @@ class Connection(asyncio.Protocol):
             self.block_flags = flags
             self.block_frames = 0
 
-    def _decode(self, block: bytes) -> tuple[bytes, bytes]:
-        """``(:path, content-type)``; the time a large block takes is charged to the budget."""
+    def _decode(self, block: bytes) -> Decoded:
+        """``(:path, content-type, metadata)``; the time a large block takes is charged to the
+        budget."""
         big = len(block) > CACHE_BLOCK_BYTES  # small blocks cost little and are cached
         clock = self.server.clock
         started = clock.now() if big else 0.0
         try:
-            got = self.cache.decode(block)
+            got = self.cache.decode_call(block)
         except HeaderLimitError as e:
             raise ProtocolError(ENHANCE_YOUR_CALM, str(e)) from e
         except hpack.HPACKError as e:
@@ -787,7 +790,7 @@ class Connection(asyncio.Protocol):
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> None:
         # Every block is decoded, even one we refuse: the decoder's table must stay in step.
-        path, ctype = self._decode(block)
+        path, ctype, meta = self._decode(block)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client end its request
             if flags & END_STREAM and not stream.complete:
@@ -809,6 +812,8 @@ class Connection(asyncio.Protocol):
         stream = Stream(sid, self.peer_initial, self.server.clock.now())
         stream.path = path
         stream.ctype = ctype
+        if meta:
+            stream.meta = meta
         self.streams[sid] = stream
         if flags & END_STREAM:
             self._dispatch(stream)
@@ -875,7 +880,7 @@ class Connection(asyncio.Protocol):
             return
         reply = NativeReply(self, stream)
         try:
-            submit_infer(self.server.svc, request, reply)
+            submit_infer(self.server.svc, request, reply, stream.meta)
         except RequestError as err:
             reply.fail(err)
             return

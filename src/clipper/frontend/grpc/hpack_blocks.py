@@ -22,6 +22,7 @@ __all__ = [
     "CACHE_BLOCK_BYTES",
     "CACHE_BYTES",
     "CACHE_ENTRIES",
+    "CALL_METADATA",
     "MAX_HEADERS",
     "MAX_HEADER_LIST",
     "HeaderCache",
@@ -38,6 +39,11 @@ MAX_HEADERS = 128  # header fields per block, counted before decoding
 CACHE_BLOCK_BYTES = 1024  # only blocks this small are cached: a client's repeated requests
 CACHE_BYTES = 32 * 1024  # cached block bytes per connection (the cache is cleared beyond)
 CACHE_ENTRIES = 512
+# The metadata a call's handler is given (the tenant gate's: docs/tenants.md); the rest is not
+# kept.
+CALL_METADATA = frozenset((b"authorization", b"x-api-key", b"x-priority"))
+# (:path, content-type, the call's CALL_METADATA entries)
+Decoded = tuple[bytes, bytes, dict[bytes, bytes]]
 
 
 class HeaderLimitError(ClipperError):
@@ -173,7 +179,7 @@ class HeaderCache:
         self.decoder = hpack.Decoder(max_header_list_size=max_list)
         self.max_headers = max_headers
         self.generation = 0
-        self._cache: dict[tuple[int, bytes], tuple[bytes, bytes]] = {}
+        self._cache: dict[tuple[int, bytes], Decoded] = {}
         self._bytes = 0
 
     def _state(self) -> tuple[object, int, int, int]:
@@ -184,10 +190,17 @@ class HeaderCache:
 
     def cached(self, block: bytes) -> tuple[bytes, bytes] | None:
         """What an earlier decode of these very bytes gave, if it still holds."""
-        return self._cache.get((self.generation, block))
+        hit = self._cache.get((self.generation, block))
+        return None if hit is None else hit[:2]
 
     def decode(self, block: bytes) -> tuple[bytes, bytes]:
         """``(:path, content-type)`` of a header block."""
+        path, ctype, _ = self.decode_call(block)
+        return path, ctype
+
+    def decode_call(self, block: bytes) -> Decoded:
+        """``(:path, content-type, metadata)`` of a header block; ``metadata``: the call's
+        :data:`CALL_METADATA` entries (its API key and priority, for the tenant gate)."""
         key = (self.generation, block)
         hit = self._cache.get(key)
         if hit is not None:
@@ -206,12 +219,17 @@ class HeaderCache:
             ) from e
         after = self._state()
         path = ctype = b""
+        meta: dict[bytes, bytes] = {}
         for name, value in headers:
             if name == b":path":
                 path = bytes(value)
             elif name == b"content-type":
                 ctype = bytes(value)
-        got = (path, ctype)
+            elif name in CALL_METADATA:
+                # A repeated entry joins with a comma, as HTTP/1.1 joins a repeated header.
+                old = meta.get(name)
+                meta[name] = value if old is None else old + b"," + value
+        got = (path, ctype, meta)
         if before[0] is after[0] and before[1:] == after[1:]:
             if len(block) <= CACHE_BLOCK_BYTES:
                 if len(self._cache) >= CACHE_ENTRIES or self._bytes + len(block) > CACHE_BYTES:

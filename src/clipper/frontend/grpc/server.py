@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import orjson
 
+from clipper.batching.queue import STANDARD
 from clipper.errors import BadInputError, RequestError
 from clipper.frontend import v2
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
+from clipper.frontend.grpc.hpack_blocks import CALL_METADATA
 from clipper.frontend.model_failure import model_failure
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
@@ -80,6 +83,8 @@ _CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     500: grpc.StatusCode.INTERNAL,
     501: grpc.StatusCode.UNIMPLEMENTED,
@@ -204,12 +209,23 @@ class InferReply(CancellableReply):
         raise NotImplementedError
 
 
-def submit_infer(svc: QueryServices, request: Any, reply: InferReply) -> None:
+def submit_infer(
+    svc: QueryServices,
+    request: Any,
+    reply: InferReply,
+    metadata: Mapping[bytes, bytes] | None = None,
+) -> None:
     """Parse and validate a ModelInferRequest and hand it to the query processor, which
-    answers ``reply`` later (or at once). Raises :class:`RequestError`: a bug is INTERNAL
-    with its cause, not UNKNOWN."""
+    answers ``reply`` later (or at once). ``metadata``: the call's ``authorization``,
+    ``x-api-key`` and ``x-priority`` entries, for the tenant gate (judged before the parse).
+    Raises :class:`RequestError`: a bug is INTERNAL with its cause, not UNKNOWN."""
     try:
         app = find_app(svc.catalog.registry, request.model_name)
+        rank = STANDARD
+        if svc.tenants is not None:
+            admitted = svc.tenants.judge(metadata or {}, app.name, app.require_key)
+            if admitted is not None:
+                rank = admitted.priority
         infer = parse_infer(request)
         payloads = input_payloads(app, infer.inputs, svc.max_items)
         version = request.model_version or None
@@ -217,7 +233,8 @@ def submit_infer(svc: QueryServices, request: Any, reply: InferReply) -> None:
         reply.model = app.name
         reply.app = app
         reply.infer = infer
-        svc.processor.predict(app, payloads, version, "", reply, svc.clock.now(), infer.slo_s)
+        now = svc.clock.now()
+        svc.processor.predict(app, payloads, version, "", reply, now, infer.slo_s, rank)
     except RequestError:
         raise
     except Exception as e:
@@ -304,7 +321,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         reply = _Pending(done)
         try:
-            submit_infer(self.svc, request, reply)
+            submit_infer(self.svc, request, reply, _call_metadata(context))
         except RequestError as err:
             await abort(context, err)
         try:
@@ -317,6 +334,17 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         if isinstance(result, RequestError):
             await abort(context, result)
         return result
+
+
+def _call_metadata(context: Any) -> dict[bytes, bytes]:
+    """grpcio's invocation metadata, the entries the tenant gate reads (repeated: joined)."""
+    out: dict[bytes, bytes] = {}
+    for key, value in context.invocation_metadata() or ():
+        name = key.lower().encode() if isinstance(key, str) else bytes(key)
+        if name in CALL_METADATA:
+            v = value.encode() if isinstance(value, str) else bytes(value)
+            out[name] = v if name not in out else out[name] + b"," + v
+    return out
 
 
 def parse_infer(request: Any) -> InferRequest:
