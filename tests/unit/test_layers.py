@@ -23,6 +23,8 @@ ROOT = Path(clipper.__file__).resolve().parent.parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     # Foundations: time, the one exception hierarchy, the metric families, bounded log lines.
     ("clock", "errors", "metrics", "logs"),
+    # Traces: the W3C context, the OTEL_* settings and the (lazily imported) SDK.
+    ("tracing",),
     # Values and mechanisms that know nothing of a frontend.
     (
         "choices",

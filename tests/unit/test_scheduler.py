@@ -43,7 +43,13 @@ class FakeTransport:
         self.batch_sent = asyncio.Event()
         self._ids = iter(range(100, 10_000))
 
-    def send_batch(self, link: Connection[Replica], itype: InputType, payloads: list[bytes]) -> int:
+    def send_batch(
+        self,
+        link: Connection[Replica],
+        itype: InputType,
+        payloads: list[bytes],
+        traceparent: str | None = None,
+    ) -> int:
         if self.fail_next:
             self.fail_next = False
             raise WireError("the replica's send queue is full")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from itertools import count
+from typing import Any
 
 __all__ = ["ModelQueue", "Task", "Waiter"]
 
@@ -14,19 +15,22 @@ CacheKey = tuple[str, str, bytes]
 
 class Task:
     """One input to evaluate. Its result goes to the prediction cache (``key``), which fans it
-    out to every query waiting on that input, or straight to ``waiter`` when caching is off."""
+    out to every query waiting on that input, or straight to ``waiter`` when caching is off.
+    ``span``: the sampled query's span (clipper.tracing) that queued it, or None."""
 
-    __slots__ = ("deadline", "enqueued_at", "key", "payload", "waiter")
+    __slots__ = ("deadline", "enqueued_at", "key", "payload", "span", "waiter")
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (the hot path: no keyword packing)
         self,
         payload: bytes,
         deadline: float,
         enqueued_at: float,
         key: CacheKey | None,
         waiter: Waiter | None,
+        span: Any = None,
     ) -> None:
         self.payload = payload
+        self.span = span
         self.deadline = deadline
         self.enqueued_at = enqueued_at
         self.key = key

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from clipper.errors import BadInputError, NotFoundError, RequestError
-from clipper.frontend import v2
+from clipper.frontend import request_trace, v2
 from clipper.frontend.clipper_rest import PredictParser, parse_feedback
 from clipper.frontend.http import (
     JSON,
@@ -34,6 +34,8 @@ from clipper.frontend.parse_pool import OFFLOAD_BYTES, ParsePool
 from clipper.query.prediction import CancellableReply, Prediction, answer_failed
 from clipper.query.runtime import QueryServices
 from clipper.registry import Application
+from clipper.tracing import hooks as _trace
+from clipper.tracing.tracer import Span, Tracer
 
 if TYPE_CHECKING:
     from clipper.frontend.admin import AdminApi
@@ -135,6 +137,24 @@ class RestReply(CancellableReply):
         self.respond(err.status, error_body(err), JSON)
 
 
+class _TracedRestReply(RestReply):
+    """A sampled predict's reply: its answer ends the request's server span."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, respond: Respond, apps: dict[str, Application], app: str, span: Span):
+        super().__init__(respond, apps, app)
+        self.span = span
+
+    def answer(self, predictions: list[Prediction]) -> None:
+        super().answer(predictions)  # its failure, if any, ended the span first
+        request_trace.answered(self.span, predictions)
+
+    def fail(self, err: RequestError) -> None:
+        super().fail(err)
+        request_trace.failed(self.span, err)
+
+
 class QueryRoutes:
     """Port 1337."""
 
@@ -173,6 +193,10 @@ class QueryRoutes:
                     raise NotFoundError(f"no application named '{app}'")
                 if len(body) > OFFLOAD_BYTES and self.pool is not None:
                     self._predict_large(application, body, respond, t0)
+                    return
+                tracer = _trace.active
+                if tracer is not None:
+                    self._predict_traced(tracer, application, headers, body, respond, t0)
                     return
                 payloads, version, uid = self._parse(application, body)
                 reply = RestReply(respond, self._apps, app)
@@ -245,6 +269,43 @@ class QueryRoutes:
             "POST /<app>/update, GET /<app>/ready, GET /metrics, GET /health, GET /ready or "
             "GET /openapi.json (the whole API, V2 included)"
         )
+
+    def _predict_traced(  # noqa: PLR0917
+        self,
+        tracer: Tracer,
+        application: Application,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        t0: float,
+    ) -> None:
+        """A predict while tracing is on: the sampler decides (honouring a ``traceparent``)."""
+        attrs = {
+            "http.request.method": "POST",
+            "http.route": "/{app}/predict",
+            "url.path": f"/{application.name}/predict",
+            "clipper.app": application.name,
+        }
+        span = request_trace.begin(
+            tracer, "POST /{app}/predict", headers.get(b"traceparent"), t0, attrs
+        )
+        if span is None:
+            payloads, version, uid = self._parse(application, body)
+            reply = RestReply(respond, self._apps, application.name)
+            watch_client(respond, reply)
+            self._predict(application, payloads, version, uid, reply, t0)
+            return
+        try:
+            payloads, version, uid = self._parse(application, body)
+            request_trace.parsed(tracer, span, t0)
+            traced = _TracedRestReply(respond, self._apps, application.name, span)
+            watch_client(respond, traced)
+            request_trace.run_traced(
+                span, self._predict, application, payloads, version, uid, traced, t0
+            )
+        except RequestError as e:
+            request_trace.failed(span, e)
+            raise
 
     def _predict_large(
         self, application: Application, body: bytes, respond: Respond, t0: float
