@@ -23,12 +23,13 @@ from typing import Any
 
 import pytest
 
+from tests.integration.frontend_process import FrontendProcess
+from tests.integration.helpers import request, wait_for, write_row_sums
+from tests.integration.redis_server import free_port
+
 pytest.importorskip("opentelemetry.sdk")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
 trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
-
-from tests.integration.frontend_process import FrontendProcess  # noqa: E402
-from tests.integration.helpers import request, wait_for, write_row_sums  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -143,16 +144,37 @@ class TracedFrontend(FrontendProcess):
 @pytest.fixture
 def frontend(tmp_path: Path, receiver: Receiver) -> Iterator[TracedFrontend]:
     fe = TracedFrontend(tmp_path / "state")
-    fe.env = {
+    fe.env = frontend_env(receiver)
+    try:
+        yield fe
+    finally:
+        fe.cleanup()
+
+
+def frontend_env(receiver: Receiver) -> dict[str, str]:
+    """Only standard OTEL_* variables: the replicas inherit them from the frontend."""
+    return {
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
         "OTEL_SERVICE_NAME": "clipper-test",
         "OTEL_BSP_SCHEDULE_DELAY": "50",  # ms: spans arrive soon after they end
     }
-    try:
-        yield fe
-    finally:
-        fe.cleanup()
+
+
+async def serve_sums(fe: FrontendProcess, tmp_path: Path) -> None:
+    """Application and model ``sums`` (row sums, one replica), linked."""
+    await fe.admin_ok(
+        "add_app",
+        {"name": "sums", "input_type": "doubles", "default_output": "-1",
+         "latency_slo_micros": 10_000_000},
+    )  # fmt: skip
+    await fe.admin_ok(
+        "deploy_model",
+        {"model_name": "sums", "model_version": "1", "input_type": "doubles",
+         "artifact_path": write_row_sums(tmp_path), "num_replicas": 1},
+        limit_s=60,
+    )  # fmt: skip
+    await fe.admin_ok("add_model_links", {"app_name": "sums", "model_names": ["sums"]})
 
 
 def tree(spans: list[ReceivedSpan]) -> str:
@@ -181,18 +203,7 @@ async def test_a_traced_query_reaches_the_container_under_the_callers_trace(
 ) -> None:
     await frontend.start()
     query_url = f"http://127.0.0.1:{frontend.ports.query}"
-    await frontend.admin_ok(
-        "add_app",
-        {"name": "sums", "input_type": "doubles", "default_output": "-1",
-         "latency_slo_micros": 10_000_000},
-    )  # fmt: skip
-    await frontend.admin_ok(
-        "deploy_model",
-        {"model_name": "sums", "model_version": "1", "input_type": "doubles",
-         "artifact_path": write_row_sums(tmp_path), "num_replicas": 1},
-        limit_s=60,
-    )  # fmt: skip
-    await frontend.admin_ok("add_model_links", {"app_name": "sums", "model_names": ["sums"]})
+    await serve_sums(frontend, tmp_path)
     await frontend.admin_ok(
         "add_app",
         {"name": "empty", "input_type": "doubles", "default_output": "-1",
@@ -265,3 +276,75 @@ async def test_a_traced_query_reaches_the_container_under_the_callers_trace(
     assert default_span.attributes["clipper.default_reason"] == "no_model"
     assert default_span.attributes["clipper.default_count"] == 1
     assert default_span.status_code == 2 and "no_model" in default_span.status_message
+
+
+class GrpcTracedFrontend(TracedFrontend):
+    def __init__(self, state_dir: Path, transport: str) -> None:
+        super().__init__(state_dir)
+        self.transport = transport
+        self.grpc_port = free_port()
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        cmd[cmd.index("--grpc-port") + 1] = str(self.grpc_port)
+        return [*cmd, "--grpc-transport", self.transport]
+
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+async def test_v2_rest_and_grpc_honour_the_callers_traceparent(
+    transport: str, receiver: Receiver, tmp_path: Path
+) -> None:
+    import grpc
+
+    from clipper.frontend.grpc import inference_pb2 as pb
+    from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
+
+    fe = GrpcTracedFrontend(tmp_path / "state", transport)
+    fe.env = frontend_env(receiver)
+    try:
+        await fe.start()
+        await serve_sums(fe, tmp_path)
+        rest_trace, grpc_trace = "1" * 32, "2" * 32
+        body = (
+            b'{"inputs": [{"name": "input", "datatype": "FP64", "shape": [1, 2], "data": [1, 2]}]}'
+        )
+        resp = await request(
+            f"http://127.0.0.1:{fe.ports.query}/v2/models/sums/infer",
+            "POST",
+            body,
+            headers={
+                "Content-Type": "application/json",
+                "traceparent": f"00-{rest_trace}-{CALLER_SPAN}-01",
+            },
+        )
+        assert resp.status == 200, resp.body
+        infer = pb.ModelInferRequest(model_name="sums")
+        tensor = infer.inputs.add(name="input", datatype="FP64", shape=[1, 2])
+        tensor.contents.fp64_contents.extend([3.0, 4.0])
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{fe.grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            tp = f"00-{grpc_trace}-{CALLER_SPAN}-01"
+            out = await stub.ModelInfer(infer, metadata=(("traceparent", tp),), timeout=10)
+        assert list(out.outputs[0].contents.fp64_contents) == [7.0]
+
+        def arrived() -> bool:
+            names = {(s.trace_id, s.name) for s in receiver.snapshot()}
+            return (rest_trace, "predict") in names and (grpc_trace, "predict") in names
+
+        await wait_for(arrived, limit_s=30, interval=0.05, what="both traces' container spans")
+        for trace_id, server_name in (
+            (rest_trace, "POST /v2/models/{model}/infer"),
+            (grpc_trace, "inference.GRPCInferenceService/ModelInfer"),
+        ):
+            spans = [s for s in receiver.snapshot() if s.trace_id == trace_id]
+            by_id = {s.span_id: s for s in spans}
+            (predict,) = [s for s in spans if s.name == "predict"]
+            span, chain = predict, []
+            while span.parent_id in by_id:
+                span = by_id[span.parent_id]
+                chain.append(span.name)
+            assert chain == ["rpc predict", "batch", server_name], (trace_id, chain)
+            assert span.parent_id == CALLER_SPAN
+            assert {"parse", "queue wait"} <= {s.name for s in spans}
+    finally:
+        fe.cleanup()

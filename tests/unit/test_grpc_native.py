@@ -133,8 +133,8 @@ def test_the_header_cache_serves_repeated_blocks() -> None:
     first = enc.encode(GRPC_HEADERS)  # inserts into the dynamic table
     again = enc.encode(GRPC_HEADERS)  # all indexed: changes nothing
     path = b"/inference.GRPCInferenceService/ServerLive"
-    assert cache.decode(first) == (path, b"application/grpc")
-    assert cache.decode(again) == (path, b"application/grpc")
+    assert cache.decode(first) == (path, b"application/grpc", b"")
+    assert cache.decode(again) == (path, b"application/grpc", b"")
     calls = 0
     decode = cache.decoder.decode
 
@@ -145,7 +145,7 @@ def test_the_header_cache_serves_repeated_blocks() -> None:
 
     cache.decoder.decode = counting  # type: ignore[method-assign,assignment]
     for _ in range(5):
-        assert cache.decode(again) == (path, b"application/grpc")
+        assert cache.decode(again) == (path, b"application/grpc", b"")
     assert calls == 0
 
 

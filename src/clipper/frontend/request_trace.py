@@ -47,12 +47,14 @@ def run_traced(span: Span, fn: Callable[..., None], *args: Any) -> None:
         hooks.current = None
 
 
-def answered(span: Span, predictions: list[Prediction], status: int = 200) -> None:
-    """The answer is written: mark defaults, end the server span (once)."""
+def answered(span: Span, predictions: list[Prediction], status: int | None = 200) -> None:
+    """The answer is written: mark defaults, end the server span (once). ``status``: the
+    HTTP status (None: a gRPC call, which says its own)."""
     tracer = hooks.active
     if tracer is None or not span.is_recording():
         return
-    span.set_attribute("http.response.status_code", status)
+    if status is not None:
+        span.set_attribute("http.response.status_code", status)
     span.set_attribute("clipper.outputs", len(predictions))
     defaults = [p for p in predictions if p.reason is not None]
     if defaults:

@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import ClipperError, RequestError
+from clipper.frontend import request_trace
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc.h2_frames import (
     ACK,
@@ -140,7 +141,7 @@ _CONTEXT = _Context()
 class Stream:
     __slots__ = (
         "body", "complete", "ctype", "done", "held", "id", "moved", "opened", "path", "pending",
-        "recv", "reply", "task", "window",
+        "recv", "reply", "task", "traceparent", "window",
     )  # fmt: skip
 
     def __init__(self, sid: int, window: int, now: float) -> None:
@@ -154,6 +155,7 @@ class Stream:
         self.moved = now  # the last time its blocked answer moved (the send timeout)
         self.path = b""
         self.ctype = b""
+        self.traceparent = b""  # the call's W3C trace context (metadata), b"" for none
         self.pending: deque[bytes] | None = None  # DATA payloads waiting for window
         self.done = False  # answered or reset: a late answer is dropped
         self.reply: InferReply | None = None  # a ModelInfer waiting for its answer
@@ -174,6 +176,8 @@ class NativeReply(InferReply):
     def fail(self, err: RequestError) -> None:
         code, message = error_status(err)
         self.conn.send_error(self.stream, int(code.value[0]), message)
+        if self.span is not None:
+            request_trace.failed(self.span, err)
 
     def hold_s(self) -> float:
         """How long the query may still run: the call's timeout, else its application's SLO."""
@@ -763,8 +767,9 @@ class Connection(asyncio.Protocol):
             self.block_flags = flags
             self.block_frames = 0
 
-    def _decode(self, block: bytes) -> tuple[bytes, bytes]:
-        """``(:path, content-type)``; the time a large block takes is charged to the budget."""
+    def _decode(self, block: bytes) -> tuple[bytes, bytes, bytes]:
+        """``(:path, content-type, traceparent)``; the time a large block takes is charged to
+        the budget."""
         big = len(block) > CACHE_BLOCK_BYTES  # small blocks cost little and are cached
         clock = self.server.clock
         started = clock.now() if big else 0.0
@@ -787,7 +792,7 @@ class Connection(asyncio.Protocol):
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> None:
         # Every block is decoded, even one we refuse: the decoder's table must stay in step.
-        path, ctype = self._decode(block)
+        path, ctype, traceparent = self._decode(block)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client end its request
             if flags & END_STREAM and not stream.complete:
@@ -809,6 +814,7 @@ class Connection(asyncio.Protocol):
         stream = Stream(sid, self.peer_initial, self.server.clock.now())
         stream.path = path
         stream.ctype = ctype
+        stream.traceparent = traceparent
         self.streams[sid] = stream
         if flags & END_STREAM:
             self._dispatch(stream)
@@ -875,7 +881,7 @@ class Connection(asyncio.Protocol):
             return
         reply = NativeReply(self, stream)
         try:
-            submit_infer(self.server.svc, request, reply)
+            submit_infer(self.server.svc, request, reply, stream.traceparent or None)
         except RequestError as err:
             reply.fail(err)
             return

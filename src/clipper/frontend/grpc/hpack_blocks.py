@@ -173,7 +173,7 @@ class HeaderCache:
         self.decoder = hpack.Decoder(max_header_list_size=max_list)
         self.max_headers = max_headers
         self.generation = 0
-        self._cache: dict[tuple[int, bytes], tuple[bytes, bytes]] = {}
+        self._cache: dict[tuple[int, bytes], tuple[bytes, bytes, bytes]] = {}
         self._bytes = 0
 
     def _state(self) -> tuple[object, int, int, int]:
@@ -182,12 +182,13 @@ class HeaderCache:
         # The newest entry itself (held, so its id cannot be reused): any insert replaces it.
         return (entries[0] if entries else None, len(entries), table._current_size, table.maxsize)
 
-    def cached(self, block: bytes) -> tuple[bytes, bytes] | None:
+    def cached(self, block: bytes) -> tuple[bytes, bytes, bytes] | None:
         """What an earlier decode of these very bytes gave, if it still holds."""
         return self._cache.get((self.generation, block))
 
-    def decode(self, block: bytes) -> tuple[bytes, bytes]:
-        """``(:path, content-type)`` of a header block."""
+    def decode(self, block: bytes) -> tuple[bytes, bytes, bytes]:
+        """``(:path, content-type, traceparent)`` of a header block (``b""`` for a field it
+        lacks; the traceparent is the W3C trace context's metadata entry)."""
         key = (self.generation, block)
         hit = self._cache.get(key)
         if hit is not None:
@@ -205,13 +206,15 @@ class HeaderCache:
                 "(MAX_HEADER_LIST)"
             ) from e
         after = self._state()
-        path = ctype = b""
+        path = ctype = traceparent = b""
         for name, value in headers:
             if name == b":path":
                 path = bytes(value)
             elif name == b"content-type":
                 ctype = bytes(value)
-        got = (path, ctype)
+            elif name == b"traceparent":
+                traceparent = bytes(value)
+        got = (path, ctype, traceparent)
         if before[0] is after[0] and before[1:] == after[1:]:
             if len(block) <= CACHE_BLOCK_BYTES:
                 if len(self._cache) >= CACHE_ENTRIES or self._bytes + len(block) > CACHE_BYTES:

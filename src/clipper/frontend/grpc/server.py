@@ -25,7 +25,7 @@ import grpc
 import orjson
 
 from clipper.errors import BadInputError, RequestError
-from clipper.frontend import v2
+from clipper.frontend import request_trace, v2
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
 from clipper.frontend.model_failure import model_failure
@@ -43,6 +43,8 @@ from clipper.frontend.v2_request import (
     timeout_slo,
 )
 from clipper.query.prediction import CancellableReply, Prediction, answer_failed
+from clipper.tracing import hooks as _trace
+from clipper.tracing.tracer import Span, Tracer
 
 if TYPE_CHECKING:
     from clipper.query.runtime import QueryServices
@@ -175,10 +177,11 @@ class InferReply(CancellableReply):
     goes to :meth:`fail`. Each transport says how to deliver, and calls :meth:`client_gone`
     when the call is cancelled (its stream reset, its connection lost) before the answer."""
 
-    __slots__ = ("app", "infer", "model", "version")
+    __slots__ = ("app", "infer", "model", "span", "version")
 
     def __init__(self) -> None:
         super().__init__()
+        self.span: Span | None = None  # a sampled call's server span (clipper.tracing)
         self.model = ""
         self.version = ""
         self.infer: InferRequest | None = None
@@ -196,6 +199,9 @@ class InferReply(CancellableReply):
             self.fail(answer_failed("encoding a ModelInferResponse", e))
             return
         self.deliver(response)
+        if self.span is not None:
+            self.span.set_attribute("rpc.grpc.status_code", 0)
+            request_trace.answered(self.span, predictions, None)
 
     def deliver(self, response: Any) -> None:
         raise NotImplementedError
@@ -204,10 +210,48 @@ class InferReply(CancellableReply):
         raise NotImplementedError
 
 
-def submit_infer(svc: QueryServices, request: Any, reply: InferReply) -> None:
+def submit_infer(
+    svc: QueryServices, request: Any, reply: InferReply, traceparent: bytes | str | None = None
+) -> None:
     """Parse and validate a ModelInferRequest and hand it to the query processor, which
     answers ``reply`` later (or at once). Raises :class:`RequestError`: a bug is INTERNAL
-    with its cause, not UNKNOWN."""
+    with its cause, not UNKNOWN. ``traceparent``: the call's trace context (metadata)."""
+    tracer = _trace.active
+    if tracer is not None:
+        _submit_traced(tracer, svc, request, reply, traceparent)
+        return
+    _submit(svc, request, reply)
+
+
+def _submit_traced(
+    tracer: Tracer,
+    svc: QueryServices,
+    request: Any,
+    reply: InferReply,
+    traceparent: bytes | str | None,
+) -> None:
+    t0 = svc.clock.now()
+    attrs = {
+        "rpc.system": "grpc",
+        "rpc.service": "inference.GRPCInferenceService",
+        "rpc.method": "ModelInfer",
+        "clipper.app": str(request.model_name),
+    }
+    span = request_trace.begin(
+        tracer, "inference.GRPCInferenceService/ModelInfer", traceparent, t0, attrs
+    )
+    if span is None:
+        _submit(svc, request, reply)
+        return
+    reply.span = span
+    try:
+        request_trace.run_traced(span, _submit, svc, request, reply, t0)
+    except RequestError as e:
+        request_trace.failed(span, e)
+        raise
+
+
+def _submit(svc: QueryServices, request: Any, reply: InferReply, t0: float | None = None) -> None:
     try:
         app = find_app(svc.catalog.registry, request.model_name)
         infer = parse_infer(request)
@@ -217,7 +261,12 @@ def submit_infer(svc: QueryServices, request: Any, reply: InferReply) -> None:
         reply.model = app.name
         reply.app = app
         reply.infer = infer
-        svc.processor.predict(app, payloads, version, "", reply, svc.clock.now(), infer.slo_s)
+        tracer = _trace.active
+        if t0 is None:
+            t0 = svc.clock.now()
+        elif tracer is not None and reply.span is not None:
+            request_trace.parsed(tracer, reply.span, t0)
+        svc.processor.predict(app, payloads, version, "", reply, t0, infer.slo_s)
     except RequestError:
         raise
     except Exception as e:
@@ -241,6 +290,8 @@ class _Pending(InferReply):
     def fail(self, err: RequestError) -> None:
         if not self.future.done():
             self.future.set_result(err)
+        if self.span is not None:
+            request_trace.failed(self.span, err)
 
 
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -303,8 +354,13 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         reply = _Pending(done)
+        traceparent = None
+        if _trace.active is not None:
+            for key, value in context.invocation_metadata() or ():
+                if key == "traceparent":
+                    traceparent = value
         try:
-            submit_infer(self.svc, request, reply)
+            submit_infer(self.svc, request, reply, traceparent)
         except RequestError as err:
             await abort(context, err)
         try:
