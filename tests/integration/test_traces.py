@@ -13,6 +13,7 @@ receiver in this test, which decodes every export with the ``opentelemetry-proto
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import http.server
 import threading
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.integration.frontend_process import FrontendProcess
@@ -348,3 +350,78 @@ async def test_v2_rest_and_grpc_honour_the_callers_traceparent(
             assert {"parse", "queue wait"} <= {s.name for s in spans}
     finally:
         fe.cleanup()
+
+
+# -- in one process: pipeline stages and a selection policy, spans to memory -----------------
+async def test_pipeline_stages_and_selection_are_child_spans_of_the_request(
+    tmp_path: Path,
+) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from clipper import Clipper
+    from clipper.tracing import Tracer, TraceSettings, hooks
+    from tests.integration.pipeline_models import StageModel
+
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0) as c:
+        exporter = InMemorySpanExporter()
+        tracer = Tracer(TraceSettings(True, ratio=1.0), c.clock, exporter=exporter)
+        tracer.start()
+        hooks.activate(tracer)
+        try:
+            await asyncio.gather(
+                c.deploy_model("feat", "1", StageModel("feat"), input_type="json"),
+                c.deploy_model("score", "1", StageModel("score"), input_type="doubles"),
+                c.deploy_model("score-too", "1", StageModel("score"), input_type="doubles"),
+                c.deploy_model(
+                    "idle", "1", StageModel("score"), input_type="doubles", num_replicas=0
+                ),
+            )
+            spec = {
+                "stages": [
+                    {"name": "feat", "model": "feat"},
+                    {"name": "score", "model": "score", "input": "$feat.vec"},
+                    # No replica of it runs: its default stands in (degraded).
+                    {"name": "extra", "model": "idle", "input": "$feat.vec", "default": 0},
+                ],
+                "output": {"score": "$score", "extra": "$extra"},
+            }
+            await c.register_application("chain", "json", "null", 5_000_000, pipeline=spec)
+            await c.register_application("vote", "doubles", "-1", 5_000_000, policy="exp4")
+            await c.link_model_to_app("vote", "score")
+            await c.link_model_to_app("vote", "score-too")
+            resp = await request(
+                f"{c.query_url}/chain/predict",
+                "POST",
+                orjson.dumps({"input": {"x": [1, 2]}}),
+                headers={"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"},
+            )
+            assert resp.status == 200 and resp.json()["degraded"] == ["extra"], resp.body
+            resp = await request(
+                f"{c.query_url}/vote/predict",
+                "POST",
+                b'{"input": [1.0, 4.0]}',
+                headers={"traceparent": f"00-{DEFAULT_TRACE_ID}-{CALLER_SPAN}-01"},
+            )
+            assert resp.status == 200 and resp.json()["default"] is False, resp.body
+            assert tracer.flush()
+        finally:
+            hooks.deactivate(tracer)
+            tracer.stop()
+    spans: list[Any] = list(exporter.get_finished_spans())
+    chain = [s for s in spans if f"{s.context.trace_id:032x}" == TRACE_ID]
+    (root,) = [s for s in chain if s.name == "POST /{app}/predict"]
+    stages = {s.name: s for s in chain if s.name.startswith("stage ")}
+    assert set(stages) == {"stage feat", "stage score", "stage extra"}
+    assert all(s.parent.span_id == root.context.span_id for s in stages.values())
+    extra = stages["stage extra"]
+    assert extra.attributes["clipper.default_reason"] == "no_replica"
+    assert extra.status.status_code.name == "ERROR"
+    # Each model stage's own queue wait and batch hang below the stage, not the request.
+    stage_ids = {s.context.span_id for s in stages.values()}
+    batches = [s for s in chain if s.name == "batch"]
+    assert len(batches) == 2 and all(b.parent.span_id in stage_ids for b in batches)
+    vote = [s for s in spans if f"{s.context.trace_id:032x}" == DEFAULT_TRACE_ID]
+    (selection,) = [s for s in vote if s.name == "selection"]
+    assert selection.attributes["clipper.policy"] == "exp4"
+    assert set(str(selection.attributes["clipper.models"]).split(",")) == {"score", "score-too"}
+    assert len([s for s in vote if s.name == "batch"]) == 2  # exp4 asks both models
