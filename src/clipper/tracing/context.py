@@ -8,7 +8,8 @@ the standard environment variables (and ``clipper start --trace-ratio``) once, a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from clipper.errors import ConfigError
@@ -19,6 +20,7 @@ __all__ = [
     "TraceSettings",
     "format_traceparent",
     "parse_traceparent",
+    "sampled",
 ]
 
 _HEX = frozenset("0123456789abcdef")
@@ -86,6 +88,34 @@ def parse_traceparent(value: str | bytes | None) -> TraceParent | None:
 def format_traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
     """The version-00 header for a span (what goes to the container over the RPC wire)."""
     return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+_LOW64 = (1 << 64) - 1
+
+
+def sampled(
+    settings: TraceSettings,
+    parent: TraceParent | None,
+    draw: Callable[[], float] = random.random,
+) -> bool:
+    """Whether a request with this (parsed) parent is traced, as ``OTEL_TRACES_SAMPLER`` says.
+
+    ``parentbased_*``: a valid parent's sampled flag decides (a sampled caller is traced at any
+    ratio, an unsampled one never); without one the root rule does. ``traceidratio``: the
+    ratio, on the parent's trace id when there is one (the SDK's rule: the low 64 bits under
+    ``ratio * 2**64``), else on ``draw()`` (a request that starts its trace). Decided here, in
+    a float compare, rather than by the SDK's sampler: an unsampled request creates nothing."""
+    name = settings.sampler
+    if parent is not None and name.startswith("parentbased_"):
+        return parent.sampled
+    if name.endswith("always_on"):
+        return True
+    if name.endswith("always_off"):
+        return False
+    ratio = settings.ratio
+    if parent is not None:
+        return (parent.trace_id & _LOW64) < round(ratio * (_LOW64 + 1))
+    return draw() < ratio
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,12 @@ from typing import Any
 
 from clipper.clock import Clock
 from clipper.errors import ConfigError
-from clipper.tracing.context import TraceSettings, format_traceparent, parse_traceparent
+from clipper.tracing.context import (
+    TraceSettings,
+    format_traceparent,
+    parse_traceparent,
+    sampled,
+)
 
 __all__ = ["Span", "Tracer"]
 
@@ -24,21 +29,6 @@ __all__ = ["Span", "Tracer"]
 Span = Any
 
 Attributes = Mapping[str, str | int | float | bool]
-
-
-def _sampler(settings: TraceSettings) -> Any:
-    from opentelemetry.sdk.trace import sampling
-
-    s, r = settings.sampler, settings.ratio
-    if s == "parentbased_traceidratio":
-        return sampling.ParentBased(sampling.TraceIdRatioBased(r))
-    if s == "traceidratio":
-        return sampling.TraceIdRatioBased(r)
-    if s == "parentbased_always_on":
-        return sampling.ParentBased(sampling.ALWAYS_ON)
-    if s == "parentbased_always_off":
-        return sampling.ParentBased(sampling.ALWAYS_OFF)
-    return sampling.ALWAYS_ON if s == "always_on" else sampling.ALWAYS_OFF
 
 
 class Tracer:
@@ -68,7 +58,7 @@ class Tracer:
             return
         try:
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace import TracerProvider, sampling
             from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
         except ImportError:
             raise ConfigError(
@@ -91,7 +81,9 @@ class Tracer:
                     ) from None
                 exporter = OTLPSpanExporter()  # endpoint, headers, timeout: OTEL_EXPORTER_OTLP_*
         resource = Resource.create({"service.name": self.settings.service_name, **self._resource})
-        provider = TracerProvider(resource=resource, sampler=_sampler(self.settings))
+        # The sampling decision is :meth:`request`'s (clipper.tracing.context.sampled): the SDK
+        # records every span it is asked for.
+        provider = TracerProvider(resource=resource, sampler=sampling.ALWAYS_ON)
         provider.add_span_processor(BatchSpanProcessor(exporter))
         self._provider = provider
         self._tracer = provider.get_tracer("clipper")
@@ -118,11 +110,13 @@ class Tracer:
         self, name: str, traceparent: str | bytes | None, t0: float, attributes: Attributes
     ) -> Span | None:
         """A request's server span, child of the caller's ``traceparent`` when it has a valid
-        one. None when the sampler says no: then nothing is recorded for the request."""
+        one. None when the sampler says no: then nothing is created for the request."""
+        parent = parse_traceparent(traceparent)
+        if not sampled(self.settings, parent):
+            return None
         from opentelemetry import trace
 
         ctx = None
-        parent = parse_traceparent(traceparent)
         if parent is not None:
             remote = trace.SpanContext(
                 parent.trace_id,
@@ -138,8 +132,6 @@ class Tracer:
             start_time=self.ns(t0),
             attributes=attributes,
         )
-        if not span.is_recording():
-            return None
         return span
 
     def child(
