@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import http.server
+import os
 import statistics
 import sys
 import threading
@@ -28,10 +29,12 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen
 import report
 from loadgen import LoadResult
 
 MODES: dict[str, float | None] = {"off": None, "1%": 0.01, "100%": 1.0}
+OPEN_RATE = 500.0  # queries/s of the open loop that prices a query in frontend CPU
 
 
 class Sink:
@@ -70,6 +73,12 @@ class Sink:
         self.thread.join(timeout=10)
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def goodput(res: LoadResult) -> float:
     """Model-answered responses per second (no default, no error)."""
     ok = res.requests - res.defaults - res.non_2xx
@@ -99,9 +108,27 @@ def noop(run: report.Run, mode: str, sink: Sink, i: int) -> dict[str, float]:
             }
         name = f"b_noop_{mode.replace('%', 'pct')}_{i}"
         exports = sink.exports
-        with report.server(name, args, qp, run, env=env):
-            res = report._closed(run, f"http://127.0.0.1:{qp}/bench/predict", report.noop_body())
+        with report.server(name, args, qp, run, env=env) as proc:
+            url, body, cfg = f"http://127.0.0.1:{qp}/bench/predict", report.noop_body(), run.cfg
+            loadgen.closed_loop(url, body, cfg.concurrency, duration_s=cfg.warmup_s, engine="wrk")
+            cpu0 = cpu_s(proc.pid)
+            res = loadgen.closed_loop(
+                url, body, cfg.concurrency, duration_s=cfg.duration, engine="wrk"
+            )
+            cpu = cpu_s(proc.pid) - cpu0
+            run.log("  " + res.summary())
+            # Under its capacity (an open loop at a fixed rate), every query answered by the
+            # model: the frontend's CPU per query compares like with like, whatever else the
+            # machine runs (the closed loop's mix of answers and shed defaults does not).
+            cpu0 = cpu_s(proc.pid)
+            fixed = loadgen.open_loop(url, body, OPEN_RATE, duration_s=cfg.duration)
+            fixed_cpu = cpu_s(proc.pid) - cpu0
+            run.log("  " + fixed.summary())
     return {
+        "cpu_us_per_request": cpu / res.requests * 1e6 if res.requests else 0.0,
+        "open_cpu_us_per_request": fixed_cpu / fixed.requests * 1e6 if fixed.requests else 0.0,
+        "open_defaults": float(fixed.defaults),
+        "open_p99_ms": fixed.p99_us / 1e3,
         "goodput_rps": goodput(res),
         "p99_ms": res.p99_us / 1e3,
         "defaults": float(res.defaults),
@@ -150,6 +177,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"| {i + 1} | {row['bare_rps']:,.0f} | " + " | ".join(cells) + " |")
     med = [statistics.median(r[m]["ratio"] for r in rounds) for m in MODES]
     print("| **median ratio** | | " + " | ".join(f"**{x:.3f}**" for x in med) + " |")
+    for key, what in (
+        ("cpu_us_per_request", "closed loop"),
+        ("open_cpu_us_per_request", f"open loop at {OPEN_RATE:g}/s"),
+    ):
+        cpu = [statistics.median(r[m][key] for r in rounds) for m in MODES]
+        print(
+            f"\nfrontend CPU per response ({what}), median: "
+            + ", ".join(f"{m} {x:.0f} us" for m, x in zip(MODES, cpu, strict=True))
+        )
+    for i, row in enumerate(rounds):
+        print(
+            f"round {i + 1}: CPU us/response closed "
+            + ", ".join(f"{m} {row[m]['cpu_us_per_request']:.0f}" for m in MODES)
+            + "; open "
+            + ", ".join(f"{m} {row[m]['open_cpu_us_per_request']:.0f}" for m in MODES)
+            + "; closed-loop defaults "
+            + ", ".join(f"{m} {row[m]['defaults']:.0f}" for m in MODES)
+            + "; open-loop defaults "
+            + ", ".join(f"{m} {row[m]['open_defaults']:.0f}" for m in MODES)
+        )
     off = med[0]
     if off:
         print(

@@ -230,7 +230,8 @@ async def test_a_traced_query_reaches_the_container_under_the_callers_trace(
 
     def arrived() -> bool:
         names = {(s.trace_id, s.name) for s in receiver.snapshot()}
-        return (TRACE_ID, "predict") in names and (DEFAULT_TRACE_ID, "POST /{app}/predict") in names
+        wanted = [(TRACE_ID, n) for n in ("predict", "rpc predict", "POST /{app}/predict")]
+        return all(w in names for w in [*wanted, (DEFAULT_TRACE_ID, "POST /{app}/predict")])
 
     try:
         await wait_for(arrived, limit_s=30, interval=0.05, what="the spans of both traces")
@@ -329,15 +330,20 @@ async def test_v2_rest_and_grpc_honour_the_callers_traceparent(
             out = await stub.ModelInfer(infer, metadata=(("traceparent", tp),), timeout=10)
         assert list(out.outputs[0].contents.fp64_contents) == [7.0]
 
-        def arrived() -> bool:
+        servers = {
+            rest_trace: "POST /v2/models/{model}/infer",
+            grpc_trace: "inference.GRPCInferenceService/ModelInfer",
+        }
+
+        def arrived() -> bool:  # each process exports on its own: wait for both ends
             names = {(s.trace_id, s.name) for s in receiver.snapshot()}
-            return (rest_trace, "predict") in names and (grpc_trace, "predict") in names
+            return all(
+                (t, "predict") in names and (t, "rpc predict") in names and (t, server) in names
+                for t, server in servers.items()
+            )
 
         await wait_for(arrived, limit_s=30, interval=0.05, what="both traces' container spans")
-        for trace_id, server_name in (
-            (rest_trace, "POST /v2/models/{model}/infer"),
-            (grpc_trace, "inference.GRPCInferenceService/ModelInfer"),
-        ):
+        for trace_id, server_name in servers.items():
             spans = [s for s in receiver.snapshot() if s.trace_id == trace_id]
             by_id = {s.span_id: s for s in spans}
             (predict,) = [s for s in spans if s.name == "predict"]

@@ -31,6 +31,7 @@ from clipper.tracing import (
     hooks,
     parse_traceparent,
 )
+from clipper.tracing.context import sampled
 from tests.unit.test_scheduler import Harness, fixed
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -121,6 +122,39 @@ def test_a_bad_setting_is_a_config_error_naming_it(env: dict[str, str], words: s
 
 
 # -- sampling --------------------------------------------------------------------------------
+def _settings(sampler: str, ratio: float = 0.5) -> TraceSettings:
+    return TraceSettings(True, sampler=sampler, ratio=ratio)
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.5, 1.0])
+def test_parentbased_follows_the_parents_flag_at_any_ratio(ratio: float) -> None:
+    s = _settings("parentbased_traceidratio", ratio)
+    assert sampled(s, parse_traceparent(SAMPLED), lambda: 0.99)
+    assert not sampled(s, parse_traceparent(UNSAMPLED), lambda: 0.0)
+
+
+def test_without_a_parent_the_ratio_decides_on_the_draw() -> None:
+    s = _settings("parentbased_traceidratio", 0.01)
+    assert sampled(s, None, lambda: 0.009)
+    assert not sampled(s, None, lambda: 0.01)
+    assert not sampled(_settings("parentbased_traceidratio", 0.0), None, lambda: 0.0)
+
+
+def test_traceidratio_without_parentbased_decides_on_the_callers_trace_id() -> None:
+    s = _settings("traceidratio", 0.5)
+    low = parse_traceparent(f"00-{'0' * 17}{'1' * 15}-{PARENT}-00")  # low 64 bits small
+    high = parse_traceparent(f"00-{'0' * 16}f{'0' * 15}-{PARENT}-01")  # low 64 bits >= half
+    assert sampled(s, low) and not sampled(s, high)  # the flag is not what decides
+
+
+def test_the_always_samplers() -> None:
+    tp = parse_traceparent(UNSAMPLED)
+    assert sampled(_settings("always_on"), tp) and not sampled(_settings("always_off"), None)
+    assert sampled(_settings("parentbased_always_on"), None)
+    assert not sampled(_settings("parentbased_always_off"), None)
+    assert sampled(_settings("parentbased_always_off"), parse_traceparent(SAMPLED))
+
+
 class Spans:
     """A started tracer on a fake clock, exporting to memory."""
 
