@@ -18,7 +18,7 @@ from clipper.query.prediction import Prediction
 from clipper.tracing import hooks
 from clipper.tracing.tracer import Span, Tracer
 
-__all__ = ["answered", "begin", "failed", "parsed", "run_traced"]
+__all__ = ["TracedReply", "answered", "begin", "failed", "parsed", "run_traced"]
 
 
 def begin(
@@ -71,3 +71,20 @@ def failed(span: Span, err: RequestError) -> None:
         return
     span.set_attribute("http.response.status_code", err.status)
     tracer.end(span, tracer.clock.now(), f"{err.status} {err.error}: {err}")
+
+
+class TracedReply:
+    """Mixed into a protocol's reply (before it: ``class T(TracedReply, RestReply)``) for a
+    sampled request: its answer or its error ends the server span, after the protocol has
+    written it (a failure inside ``answer`` ends the span first, as an error)."""
+
+    __slots__ = ()
+    span: Span
+
+    def answer(self, predictions: list[Prediction]) -> None:
+        super().answer(predictions)  # type: ignore[misc]
+        answered(self.span, predictions)
+
+    def fail(self, err: RequestError) -> None:
+        super().fail(err)  # type: ignore[misc]
+        failed(self.span, err)

@@ -137,7 +137,7 @@ class RestReply(CancellableReply):
         self.respond(err.status, error_body(err), JSON)
 
 
-class _TracedRestReply(RestReply):
+class _TracedRestReply(request_trace.TracedReply, RestReply):
     """A sampled predict's reply: its answer ends the request's server span."""
 
     __slots__ = ("span",)
@@ -145,14 +145,6 @@ class _TracedRestReply(RestReply):
     def __init__(self, respond: Respond, apps: dict[str, Application], app: str, span: Span):
         super().__init__(respond, apps, app)
         self.span = span
-
-    def answer(self, predictions: list[Prediction]) -> None:
-        super().answer(predictions)  # its failure, if any, ended the span first
-        request_trace.answered(self.span, predictions)
-
-    def fail(self, err: RequestError) -> None:
-        super().fail(err)
-        request_trace.failed(self.span, err)
 
 
 class QueryRoutes:

@@ -486,7 +486,7 @@ class _V2Reply(CancellableReply):
         error_response(self.respond, err)
 
 
-class _TracedV2Reply(_V2Reply):
+class _TracedV2Reply(request_trace.TracedReply, _V2Reply):
     """A sampled infer request's reply: its answer ends the request's server span."""
 
     __slots__ = ("span",)
@@ -496,14 +496,6 @@ class _TracedV2Reply(_V2Reply):
     ) -> None:
         super().__init__(respond, app, version, request)
         self.span = span
-
-    def answer(self, predictions: list[Prediction]) -> None:
-        super().answer(predictions)  # its failure, if any, ended the span first
-        request_trace.answered(self.span, predictions)
-
-    def fail(self, err: RequestError) -> None:
-        super().fail(err)
-        request_trace.failed(self.span, err)
 
 
 # -- answers -----------------------------------------------------------------------------------
