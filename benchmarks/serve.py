@@ -73,7 +73,12 @@ async def run(args: argparse.Namespace) -> None:
     from clipper import Clipper
 
     model = _make_model(args.model)
-    async with Clipper(query_port=args.query_port, rpc_port=args.rpc_port, admin_port=0) as clipper:
+    async with Clipper(
+        query_port=args.query_port,
+        rpc_port=args.rpc_port,
+        admin_port=0,
+        trace_ratio=args.trace_ratio,  # traces only when OTEL_* turn them on (docs/tracing.md)
+    ) as clipper:
         if args.shed_on_wall_lag:  # the "before" of pricing the loop's own backlog only
             clipper.loop_lag._cpu = time.monotonic  # every late millisecond counts as work
         if args.no_shed:  # the "before" of load shedding: never shed for loop lag
@@ -169,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--slo-ms", type=float, default=20.0)
     p.add_argument("--cache", action="store_true", help="enable the prediction cache")
+    p.add_argument(
+        "--trace-ratio", type=float, default=None, help="trace sampling ratio (with OTEL_*)"
+    )
     p.add_argument("--trace", default=None, help="write admission state every 50 ms here")
     args = p.parse_args(argv)
     if args.cpus:  # before any container starts: they inherit it

@@ -346,6 +346,16 @@ class FrontendConfig:
         default=None,
         metadata=cli("where models and uploads are placed (default: the state directory)"),
     )
+    # Traces (docs/tracing.md) are on when the OTEL_* variables name an exporter or an OTLP
+    # endpoint; this only sets the sampling ratio, overriding OTEL_TRACES_SAMPLER_ARG.
+    trace_ratio: float | None = field(
+        default=None,
+        metadata=cli(
+            "share of requests (0-1) that start a trace when they carry no sampled "
+            "traceparent (default: OTEL_TRACES_SAMPLER_ARG, else 1); tracing itself is "
+            "turned on by OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= _MAX_WORKERS:
@@ -371,6 +381,8 @@ class FrontendConfig:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {port}")
         if self.max_body_bytes < 64:
             raise ConfigError(f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
+        if self.trace_ratio is not None and not 0.0 <= self.trace_ratio <= 1.0:
+            raise ConfigError(f"trace_ratio must be between 0 and 1, got {self.trace_ratio}")
         for name in (
             "max_items_per_request", "max_header_bytes", "max_header_line_bytes",
             "max_connections", "admin_max_connections", "max_output_bytes",

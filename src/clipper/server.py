@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -70,6 +71,9 @@ from clipper.runtime.state_lock import StateLock
 from clipper.store.base import Store
 from clipper.store.open import open_store
 from clipper.tenants import TenantGate
+from clipper.tracing import hooks as trace_hooks
+from clipper.tracing.context import TraceSettings
+from clipper.tracing.tracer import Tracer
 
 if TYPE_CHECKING:
     from clipper.frontend.grpc.native import NativeGrpcServer
@@ -334,6 +338,8 @@ class Clipper:
         self._drain_cut = asyncio.Event()
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._cleanup_tmp)
+            # First up, last down: the spans of the drain are exported too.
+            await self._start_tracing(stack)
             # One frontend per state directory (its store, artifacts, logs and node id).
             lock = StateLock(self.state_dir)
             lock.acquire()
@@ -403,6 +409,30 @@ class Clipper:
         )
         if self.dashboard is not None:
             log.info("dashboard on %s/dashboard", self.admin_url)
+
+    async def _start_tracing(self, stack: contextlib.AsyncExitStack) -> None:
+        """OpenTelemetry traces when the ``OTEL_*`` variables ask for them (docs/tracing.md):
+        the tracer's export thread starts now and is shut down (flushed) off the loop at
+        stop."""
+        settings = TraceSettings.from_env(os.environ, ratio=self.config.trace_ratio)
+        if not settings.enabled:
+            return
+        tracer = Tracer(settings, self.clock)
+        tracer.start()
+        trace_hooks.activate(tracer)
+
+        async def stop_tracing() -> None:
+            trace_hooks.deactivate(tracer)
+            await asyncio.to_thread(tracer.stop)
+
+        stack.push_async_callback(stop_tracing)
+        log.info(
+            "traces: %s export, sampler %s (ratio %g), service %s",
+            settings.exporter,
+            settings.sampler,
+            settings.ratio,
+            settings.service_name,
+        )
 
     async def stop(self) -> None:
         """Drain, then stop: readiness is withdrawn (``/ready``, ``/v2/health/ready`` and gRPC

@@ -84,6 +84,8 @@ class FrontendProcess:
         self.log_path = state_dir.parent / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.past_pids: list[int] = []
+        # Extra environment of the frontend (and so of its replicas, which inherit it).
+        self.env: dict[str, str] = {}
 
     @property
     def admin_url(self) -> str:
@@ -113,6 +115,7 @@ class FrontendProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CLIPPER_")}
         env["PYTHONPATH"] = SRC
         env["OMP_NUM_THREADS"] = "1"
+        env.update(self.env)
         with self.log_path.open("ab") as log:
             log.write(f"\n==== start {time.strftime('%H:%M:%S')} ====\n".encode())
             log.flush()

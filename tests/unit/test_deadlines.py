@@ -41,7 +41,13 @@ class Transport:
         # replica's in-flight record while it is there)
         self.tasks: dict[int, list[Task]] = {}
 
-    def send_batch(self, link: Connection[Replica], itype: InputType, payloads: list[bytes]) -> int:
+    def send_batch(
+        self,
+        link: Connection[Replica],
+        itype: InputType,
+        payloads: list[bytes],
+        traceparent: str | None = None,
+    ) -> int:
         self.sent.append((link, len(self.sent), list(payloads)))
         return len(self.sent) - 1
 

@@ -21,8 +21,9 @@ ROOT = Path(clipper.__file__).resolve().parent.parent
 # Lowest first. A unit may import units of its own layer or of layers below, never above; and
 # the units' graph has no circle, so a layer is no excuse for two units that need each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # Foundations: time, the one exception hierarchy, the metric families, bounded log lines.
-    ("clock", "errors", "metrics", "logs"),
+    # Foundations: time, the one exception hierarchy, the metric families, bounded log lines,
+    # traces (the W3C context, the OTEL_* settings, the lazily imported SDK).
+    ("clock", "errors", "metrics", "logs", "tracing"),
     # Values and mechanisms that know nothing of a frontend.
     (
         "choices",

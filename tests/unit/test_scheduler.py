@@ -39,17 +39,25 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.sent: list[tuple[Replica, int, list[bytes]]] = []
+        self.traceparents: list[str | None] = []  # each batch's trace context, in order
         self.fail_next = False
         self.batch_sent = asyncio.Event()
         self._ids = iter(range(100, 10_000))
 
-    def send_batch(self, link: Connection[Replica], itype: InputType, payloads: list[bytes]) -> int:
+    def send_batch(
+        self,
+        link: Connection[Replica],
+        itype: InputType,
+        payloads: list[bytes],
+        traceparent: str | None = None,
+    ) -> int:
         if self.fail_next:
             self.fail_next = False
             raise WireError("the replica's send queue is full")
         assert link.peer is not None and itype is InputType.BYTES
         msg_id = next(self._ids)
         self.sent.append((link.peer, msg_id, list(payloads)))
+        self.traceparents.append(traceparent)
         self.batch_sent.set()
         return msg_id
 

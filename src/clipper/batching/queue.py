@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from itertools import count
-from typing import Final
+from typing import Any, Final
 
 __all__ = ["RANKS", "STANDARD", "ModelQueue", "Task", "Waiter"]
 
@@ -22,11 +22,12 @@ STANDARD: Final = 1
 class Task:
     """One input to evaluate. Its result goes to the prediction cache (``key``), which fans it
     out to every query waiting on that input, or straight to ``waiter`` when caching is off.
-    ``rank``: its priority class (lower is served first)."""
+    ``rank``: its priority class (lower is served first). ``span``: the sampled query's span
+    (clipper.tracing) that queued it, or None."""
 
-    __slots__ = ("deadline", "enqueued_at", "key", "payload", "rank", "waiter")
+    __slots__ = ("deadline", "enqueued_at", "key", "payload", "rank", "span", "waiter")
 
-    def __init__(  # noqa: PLR0917 (one per input: no keyword packing)
+    def __init__(  # noqa: PLR0917 (the hot path: no keyword packing)
         self,
         payload: bytes,
         deadline: float,
@@ -34,8 +35,10 @@ class Task:
         key: CacheKey | None,
         waiter: Waiter | None,
         rank: int = STANDARD,
+        span: Any = None,
     ) -> None:
         self.payload = payload
+        self.span = span
         self.deadline = deadline
         self.enqueued_at = enqueued_at
         self.key = key

@@ -19,6 +19,7 @@ from clipper.batching.decision import Wait, decide
 from clipper.batching.health import ModelHealth, Totals
 from clipper.batching.model_errors import ModelErrorLog
 from clipper.batching.queue import STANDARD, ModelQueue, Task
+from clipper.batching.traces import BatchTrace, begin_batch
 from clipper.batching.wait import WaitPolicy, make_wait_policy
 from clipper.cache import PredictionCache, abandoned
 from clipper.clock import Clock, TimerHandle
@@ -34,6 +35,7 @@ from clipper.metrics import Metrics
 from clipper.registry import ModelVersion
 from clipper.rpc.link import Connection
 from clipper.rpc.outputs import OutputRefused
+from clipper.tracing import hooks as _trace
 
 __all__ = ["ModelScheduler", "Replica", "Transport"]
 
@@ -55,6 +57,7 @@ class Replica:
         "latency_metric",
         "link",
         "scheduler",
+        "traces",
     )
 
     def __init__(self, link: Connection[Replica]) -> None:
@@ -62,6 +65,8 @@ class Replica:
         link.peer = self
         # message id -> (its tasks, when it was sent, since when a replica had been free then)
         self.in_flight: dict[int, tuple[list[Task], float, float]] = {}
+        # message id -> the spans of a traced batch in flight (clipper.tracing)
+        self.traces: dict[int, BatchTrace] = {}
         self.scheduler: ModelScheduler | None = None
         self.controller: BatchController | None = None
         self.latency_metric: Any = None
@@ -101,8 +106,14 @@ class Replica:
 class Transport(Protocol):
     """How batches reach a replica's container (the RPC server)."""
 
-    def send_batch(self, link: Connection[Replica], itype: InputType, payloads: list[bytes]) -> int:
-        """Send the batch; return its message id."""
+    def send_batch(
+        self,
+        link: Connection[Replica],
+        itype: InputType,
+        payloads: list[bytes],
+        traceparent: str | None = None,
+    ) -> int:
+        """Send the batch; return its message id. ``traceparent``: a traced batch's context."""
         ...
 
 
@@ -244,6 +255,7 @@ class ModelScheduler:
         for tasks, _, _ in replica.in_flight.values():
             self.queue.requeue(tasks)
         replica.in_flight.clear()
+        self._end_traces(replica, "the replica was removed before it answered")
         self._update_capacity()
         if self.on_replicas_changed is not None:
             self.on_replicas_changed(self)
@@ -507,17 +519,28 @@ class ModelScheduler:
                     break
             if not tasks:
                 continue  # all abandoned: decide again on what is left
+            tracer = _trace.active
+            bt = None if tracer is None else begin_batch(tracer, tasks, self.mv, r.replica_id, now)
             try:
-                msg_id = self.transport.send_batch(
-                    r.link, self.mv.input_type, [t.payload for t in tasks]
-                )
+                if bt is None:
+                    msg_id = self.transport.send_batch(
+                        r.link, self.mv.input_type, [t.payload for t in tasks]
+                    )
+                else:
+                    msg_id = self.transport.send_batch(
+                        r.link, self.mv.input_type, [t.payload for t in tasks], bt.traceparent
+                    )
             except Exception as exc:  # a broken socket must not lose the queries
                 log.exception("sending a batch to replica %s failed", r.replica_id)
+                if bt is not None:
+                    bt.finish(now, f"sending the batch failed: {exc}")
                 q.requeue(tasks)
                 self.remove_replica(r)
                 del exc
                 return
             r.in_flight[msg_id] = (tasks, now, idle)
+            if bt is not None:
+                r.traces[msg_id] = bt
             self._batch_size.observe(len(tasks))
         if q:
             # Nobody free: a response will pump again; meanwhile expire what cannot make it.
@@ -575,6 +598,10 @@ class ModelScheduler:
             return  # a batch we gave up on (replica removed, then answered late)
         tasks, sent_at, idle = entry
         now = self.clock.now()
+        if replica.traces:
+            bt = replica.traces.pop(msg_id, None)
+            if bt is not None:
+                bt.finish(now, error)
         if len(replica.in_flight) + 1 >= self._in_flight_cap:
             replica.free_since = now  # it was full: free from now on
         if replica.drained is not None and not replica.in_flight:
@@ -633,6 +660,13 @@ class ModelScheduler:
                 else:
                     self.overran += 1
 
+    def _end_traces(self, replica: Replica, why: str) -> None:
+        if replica.traces:
+            now = self.clock.now()
+            for bt in replica.traces.values():
+                bt.finish(now, why)
+            replica.traces.clear()
+
     def _deliver(self, task: Task, value: object, err: BaseException | None) -> None:
         if task.key is not None:
             if err is None:
@@ -653,6 +687,7 @@ class ModelScheduler:
             for batch, _, _ in r.in_flight.values():
                 tasks.extend(batch)
             r.in_flight.clear()
+            self._end_traces(r, "the model version was closed before the replica answered")
             r.scheduler = None
         self.replicas.clear()
         self._replica_gauge.set(0)

@@ -75,6 +75,7 @@ import zmq
 from clipper.container.fetch import ArtifactUnavailable, default_cache_dir, fetch_artifact
 from clipper.container.link import FrontendLink
 from clipper.container.options import build_parser, frontends_from
+from clipper.container.predict_trace import PredictTraces, predict_traces
 from clipper.container.presence import Readiness
 from clipper.errors import ConfigError, WireError
 from clipper.inputs import InputType
@@ -208,8 +209,10 @@ class _Server:
         readiness: Readiness | None = None,
         shared: bool = False,
         orphan_timeout: float = 60.0,
+        traces: PredictTraces | None = None,
     ) -> None:
         self.token = token
+        self.traces = traces  # None: tracing off (the OTEL_* variables ask for none)
         # Set on SIGTERM: drain and exit (stop_event: exit at once).
         self.leave = leave_event or threading.Event()
         self.drain_timeout = drain_timeout
@@ -267,6 +270,12 @@ class _Server:
                 return  # the main thread has shut down
 
     def execute(self, req: PredictRequest) -> list[bytes]:
+        traces = self.traces
+        if traces is None:
+            return self.evaluate(req)
+        return traces.run(req, self.evaluate)
+
+    def evaluate(self, req: PredictRequest) -> list[bytes]:
         fast = req.fast_meta is not None
         try:
             inputs = decode_inputs(req, self.input_type)
@@ -662,6 +671,7 @@ def serve(
     frontends: Sequence[str] = (),
     shared: bool = False,
     orphan_timeout: float = 60.0,
+    traces: PredictTraces | None = None,
 ) -> None:
     """Serve ``model`` to the frontend at ``address`` and to each of ``frontends`` until
     ``stop_event`` is set (or the parent process is gone), or drain and return once
@@ -670,7 +680,7 @@ def serve(
     None for a frontend without RPC authentication. ``readiness`` is set while the container
     is registered with at least one frontend. ``shared``: follow the frontends' FRONTENDS
     lists, report the queue, ignore ``parent_pid`` and return once no frontend was heard from
-    for ``orphan_timeout`` seconds."""
+    for ``orphan_timeout`` seconds. ``traces``: a span per traced batch (clipper.tracing)."""
     addresses = ([address] if address is not None else []) + list(frontends)
     if not addresses:
         raise ValueError("serve() needs a frontend address")
@@ -706,6 +716,7 @@ def serve(
         readiness=readiness,
         shared=shared,
         orphan_timeout=orphan_timeout,
+        traces=traces,
     ).run()
 
 
@@ -834,7 +845,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.port is not None or not frontends:
         address = f"tcp://{args.ip}:{args.port if args.port is not None else 7000}"
     readiness: Readiness | None = None
+    traces: PredictTraces | None = None
     try:
+        traces = predict_traces(args.name, args.version, input_type)
         readiness = Readiness(
             Path(args.ready_file) if args.ready_file else None, args.ready_port, args.ready_host
         )
@@ -872,6 +885,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             frontends=frontends,
             shared=args.shared,
             orphan_timeout=args.orphan_timeout_s,
+            traces=traces,
         )
     except ArtifactUnavailable:
         return 0  # told to leave while fetching
@@ -884,4 +898,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if readiness is not None:
             readiness.close()
+        if traces is not None:
+            traces.stop()  # exports the spans still buffered
     return 0

@@ -16,8 +16,9 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from clipper.batching.queue import STANDARD
 from clipper.errors import BadInputError, NotFoundError, RequestError
-from clipper.frontend import v2
+from clipper.frontend import request_trace, v2
 from clipper.frontend.clipper_rest import PredictParser, parse_feedback
 from clipper.frontend.http import (
     JSON,
@@ -41,6 +42,8 @@ from clipper.query.prediction import (
 from clipper.query.runtime import QueryServices
 from clipper.registry import Application
 from clipper.tenants import Admitted, TenantGate
+from clipper.tracing import hooks as _trace
+from clipper.tracing.tracer import Span, Tracer
 
 if TYPE_CHECKING:
     from clipper.frontend.admin import AdminApi
@@ -155,6 +158,16 @@ class RestReply(CancellableReply):
 _SHED = frozenset((DefaultReason.OVERLOAD, DefaultReason.SLO))
 
 
+class _TracedRestReply(request_trace.TracedReply, RestReply):
+    """A sampled predict's reply: its answer ends the request's server span."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, respond: Respond, apps: dict[str, Application], app: str, span: Span):
+        super().__init__(respond, apps, app)
+        self.span = span
+
+
 class QueryRoutes:
     """Port 1337."""
 
@@ -200,6 +213,10 @@ class QueryRoutes:
                     admitted = gate.judge(headers, app, application.require_key)
                 if len(body) > OFFLOAD_BYTES and self.pool is not None:
                     self._predict_large(application, body, respond, t0, admitted)
+                    return
+                tracer = _trace.active
+                if tracer is not None:
+                    self._predict_traced(tracer, application, headers, body, respond, t0, admitted)
                     return
                 payloads, version, uid = self._parse(application, body)
                 reply = RestReply(respond, self._apps, app)
@@ -277,6 +294,49 @@ class QueryRoutes:
             "POST /<app>/update, GET /<app>/ready, GET /metrics, GET /health, GET /ready or "
             "GET /openapi.json (the whole API, V2 included)"
         )
+
+    def _predict_traced(  # noqa: PLR0917
+        self,
+        tracer: Tracer,
+        application: Application,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        respond: Respond,
+        t0: float,
+        admitted: Admitted | None,
+    ) -> None:
+        """A predict while tracing is on: the sampler decides (honouring a ``traceparent``)."""
+        rank = STANDARD if admitted is None else admitted.priority
+        attrs = {
+            "http.request.method": "POST",
+            "http.route": "/{app}/predict",
+            "url.path": f"/{application.name}/predict",
+            "clipper.app": application.name,
+        }
+        span = request_trace.begin(
+            tracer, "POST /{app}/predict", headers.get(b"traceparent"), t0, attrs
+        )
+        if span is None:
+            payloads, version, uid = self._parse(application, body)
+            reply = RestReply(respond, self._apps, application.name)
+            if admitted is not None:
+                reply.admitted, reply.gate = admitted, self._gate
+            watch_client(respond, reply)
+            self._predict(application, payloads, version, uid, reply, t0, None, rank)
+            return
+        try:
+            payloads, version, uid = self._parse(application, body)
+            request_trace.parsed(tracer, span, t0)
+            traced = _TracedRestReply(respond, self._apps, application.name, span)
+            if admitted is not None:
+                traced.admitted, traced.gate = admitted, self._gate
+            watch_client(respond, traced)
+            request_trace.run_traced(
+                span, self._predict, application, payloads, version, uid, traced, t0, None, rank
+            )
+        except RequestError as e:
+            request_trace.failed(span, e)
+            raise
 
     def _predict_large(
         self,

@@ -22,7 +22,7 @@ import orjson
 
 from clipper.batching.queue import STANDARD
 from clipper.errors import BadInputError, NotFoundError, RequestError
-from clipper.frontend import item_scan
+from clipper.frontend import item_scan, request_trace
 from clipper.frontend.fast_input import PRECHECK_BYTES, ItemCounter
 from clipper.frontend.http import JSON, Respond, is_owed, watch_client
 from clipper.frontend.model_failure import model_failure
@@ -43,6 +43,8 @@ from clipper.frontend.v2_request import (
     too_many_rows,
 )
 from clipper.query.prediction import CancellableReply, Prediction, answer_failed
+from clipper.tracing import hooks as _trace
+from clipper.tracing.tracer import Span
 from clipper.version import __version__
 
 if TYPE_CHECKING:
@@ -379,13 +381,49 @@ def _infer(  # noqa: PLR0917
     t0: float | None = None,
     rank: int = STANDARD,
 ) -> None:
-    request = parse_infer(headers, body, svc.max_items)
-    payloads = input_payloads(app, request.inputs, svc.max_items)
-    model_version = resolve_version(svc.catalog.registry, app, version)
-    reply = _V2Reply(respond, app, model_version, request)
-    watch_client(respond, reply)  # a client that leaves first abandons the query
     arrived = svc.clock.now() if t0 is None else t0
-    svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s, rank)
+    tracer = _trace.active
+    span = None
+    if tracer is not None:
+        attrs = {
+            "http.request.method": "POST",
+            "http.route": "/v2/models/{model}/infer",
+            "clipper.app": app.name,
+        }
+        span = request_trace.begin(
+            tracer, "POST /v2/models/{model}/infer", headers.get(b"traceparent"), arrived, attrs
+        )
+    if span is None:
+        request = parse_infer(headers, body, svc.max_items)
+        payloads = input_payloads(app, request.inputs, svc.max_items)
+        model_version = resolve_version(svc.catalog.registry, app, version)
+        reply = _V2Reply(respond, app, model_version, request)
+        watch_client(respond, reply)  # a client that leaves first abandons the query
+        svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s, rank)
+        return
+    assert tracer is not None
+    try:
+        request = parse_infer(headers, body, svc.max_items)
+        payloads = input_payloads(app, request.inputs, svc.max_items)
+        model_version = resolve_version(svc.catalog.registry, app, version)
+        request_trace.parsed(tracer, span, arrived)
+        traced = _TracedV2Reply(respond, app, model_version, request, span)
+        watch_client(respond, traced)
+        request_trace.run_traced(
+            span,
+            svc.processor.predict,
+            app,
+            payloads,
+            version,
+            "",
+            traced,
+            arrived,
+            request.slo_s,
+            rank,
+        )
+    except RequestError as e:
+        request_trace.failed(span, e)
+        raise
 
 
 def _infer_large(  # noqa: PLR0917
@@ -467,6 +505,18 @@ class _V2Reply(CancellableReply):
 
     def fail(self, err: RequestError) -> None:
         error_response(self.respond, err)
+
+
+class _TracedV2Reply(request_trace.TracedReply, _V2Reply):
+    """A sampled infer request's reply: its answer ends the request's server span."""
+
+    __slots__ = ("span",)
+
+    def __init__(
+        self, respond: Respond, app: Application, version: str, request: InferRequest, span: Span
+    ) -> None:
+        super().__init__(respond, app, version, request)
+        self.span = span
 
 
 # -- answers -----------------------------------------------------------------------------------

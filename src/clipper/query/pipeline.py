@@ -40,6 +40,7 @@ from clipper.query.prediction import (
 from clipper.query.seam import SubmitSeam
 from clipper.registry import Application
 from clipper.runtime.catalog import Catalog
+from clipper.tracing import hooks as _trace
 
 __all__ = ["PipelineRunner"]
 
@@ -52,10 +53,13 @@ class _Call(Abandonable, CancellableReply):
     """One running stage of one query: a waiter for a model's output, or the reply of an
     application stage's query (told when the pipeline's client goes away)."""
 
-    __slots__ = ("deadline", "over", "payload", "run", "sched", "stage", "started", "timer")
+    __slots__ = (
+        "deadline", "over", "payload", "run", "sched", "span", "stage", "started", "timer",
+    )  # fmt: skip
 
     def __init__(self, run: _Run, stage: Stage, started: float, deadline: float) -> None:
         CancellableReply.__init__(self)
+        self.span: Any = None  # the stage's span when its query is traced (clipper.tracing)
         self.run = run
         self.stage = stage
         self.started = started
@@ -151,6 +155,8 @@ class _Run:
         due = stage_deadline(now, q.end, q.reserves[name], q.weights[name], stage.on_miss == "fail")
         call = _Call(self, stage, now, due)
         self.calls[name] = call
+        if q.span is not None:
+            _begin_stage(call, q.span, now)
         if call.deadline <= now:
             left = max(q.end - now, 0.0) * 1e3
             self.missed(call, DefaultReason.SLO, f"had no time left ({left:.1f} ms to the "
@@ -195,6 +201,8 @@ class _Run:
 
     def missed(self, call: _Call, reason: DefaultReason, why: str) -> None:
         stage = call.stage
+        if call.span is not None:
+            _end_stage(call, f"{reason}: {why}", reason)
         m = self.q.stage_metrics(stage.name)
         if reason is DefaultReason.SLO:
             m[1].inc()
@@ -213,6 +221,8 @@ class _Run:
             self.fail(call, reason, f"Pipeline stage '{stage.name}' ({stage.target}) {why}")
 
     def finished(self, call: _Call, value: Any) -> None:
+        if call.span is not None:
+            _end_stage(call)
         call.over = True
         if call.timer is not None:
             call.timer.cancel()
@@ -232,6 +242,8 @@ class _Run:
         self.over = True
         failed.over = True
         for call in (failed, *self.calls.values()):
+            if call.span is not None:
+                _end_stage(call, f"stopped: required stage '{failed.stage.name}' failed")
             call.over = True
             if call.timer is not None:
                 call.timer.cancel()
@@ -258,7 +270,7 @@ class _Run:
 
 class _PipelineQuery:
     __slots__ = ("app", "end", "gone", "pipeline", "plan", "predictions", "remaining", "reply",
-                 "reserves", "rt", "runs", "t0", "uid", "weights")  # fmt: skip
+                 "reserves", "rt", "runs", "span", "t0", "uid", "weights")  # fmt: skip
 
     def __init__(self, rt: PipelineRunner, app: Application, n: int, reply: Reply) -> None:
         self.rt = rt
@@ -276,6 +288,7 @@ class _PipelineQuery:
         self.weights: dict[str, float] = {}
         self.runs: list[_Run] = []
         self.gone = False  # the client went away: nothing is answered, no stage starts
+        self.span: Any = _trace.current  # the request's span when it is traced
 
     def abandon(self) -> None:
         """The client went away: no further stage starts, the running ones stop (an
@@ -290,6 +303,8 @@ class _PipelineQuery:
             calls = list(run.calls.values())
             run.calls.clear()
             for call in calls:
+                if call.span is not None:
+                    _end_stage(call, "stopped: the client went away")
                 call.over = True
                 if call.timer is not None:
                     call.timer.cancel()
@@ -488,6 +503,12 @@ class PipelineRunner:
     def submit(self, call: _Call) -> None:
         sched = call.sched
         assert sched is not None
+        if call.span is not None:
+            _in_stage(call, self.submit_traced, call, sched)
+        elif self.seam.submit(call.run.q.app, sched, call.payload, call.deadline, call):
+            sched.pump()
+
+    def submit_traced(self, call: _Call, sched: ModelScheduler) -> None:
         if self.seam.submit(call.run.q.app, sched, call.payload, call.deadline, call):
             sched.pump()
 
@@ -499,11 +520,45 @@ class PipelineRunner:
             return
         now = self.clock.now()
         budget = min(app.slo_s, call.deadline - now + app.answer_margin_s)
+        runner = self.stages.pick(app, None)
         try:
-            self.stages.pick(app, None).run(app, [call.payload], None, uid, call, now, budget)
+            if call.span is not None:
+                _in_stage(call, runner.run, app, [call.payload], None, uid, call, now, budget)
+            else:
+                runner.run(app, [call.payload], None, uid, call, now, budget)
         except RequestError as e:
             if not call.over:
                 call.run.missed(call, DefaultReason.ERROR, f"was refused: {e}")
         except OverloadedError as e:
             if not call.over:
                 call.run.missed(call, DefaultReason.OVERLOAD, str(e))
+
+
+# -- traces (clipper.tracing): a traced query's stages are child spans of its request span ----
+def _begin_stage(call: _Call, parent: Any, now: float) -> None:
+    tracer = _trace.active
+    if tracer is not None:
+        stage = call.stage
+        attrs = {"clipper.stage": stage.name, "clipper.stage.target": stage.target}
+        call.span = tracer.child(parent, f"stage {stage.name}", now, None, attrs)
+
+
+def _end_stage(call: _Call, error: str | None = None, reason: str | None = None) -> None:
+    """End the stage's span (once); ``error``: why it missed (status ERROR)."""
+    span, call.span = call.span, None
+    tracer = _trace.active
+    if tracer is not None:
+        if reason is not None:
+            span.set_attribute("clipper.default_reason", reason)
+            span.set_attribute("clipper.stage.on_miss", call.stage.on_miss)
+        tracer.end(span, tracer.clock.now(), error)
+
+
+def _in_stage(call: _Call, fn: Any, *args: Any) -> None:
+    """``fn(*args)`` with the stage's span current: what it queues hangs below the stage."""
+    outer = _trace.current
+    _trace.current = call.span
+    try:
+        fn(*args)
+    finally:
+        _trace.current = outer

@@ -26,6 +26,7 @@ from clipper.errors import (
 from clipper.metrics import Metrics
 from clipper.query.prediction import NO_MODELS, SLO_MISSED, DefaultReason, Waiter
 from clipper.registry import Application
+from clipper.tracing import hooks as _trace
 
 __all__ = ["SubmitSeam", "Submitter", "explain"]
 
@@ -99,10 +100,14 @@ class Submitter:
         rank: int = STANDARD,
     ) -> bool:
         key: CacheKey | None = None
+        span = _trace.current  # the sampled request's span (None: not traced)
         if app.cache:
             mv = sched.mv
             key = (mv.name, mv.version, payload)
-            status, value = self.cache.get_or_join(key, waiter)
+            if span is None:
+                status, value = self.cache.get_or_join(key, waiter)
+            else:
+                status, value = self._traced_lookup(span, key, waiter)
             hits, misses = self._counters(mv.name, mv.version)
             if status is Lookup.HIT:
                 hits.inc()
@@ -111,7 +116,7 @@ class Submitter:
             misses.inc()
             if status is Lookup.JOINED:
                 return False
-        task = Task(payload, deadline, self.clock.now(), key, None if key else waiter, rank)
+        task = Task(payload, deadline, self.clock.now(), key, None if key else waiter, rank, span)
         try:
             sched.submit(task)
         except OverloadedError as e:
@@ -124,6 +129,18 @@ class Submitter:
 
     def explain(self, model: str, err: BaseException) -> tuple[DefaultReason, str]:
         return explain(model, err)
+
+    def _traced_lookup(self, span: Any, key: CacheKey, waiter: Waiter) -> tuple[Lookup, Any]:
+        """The cache lookup of a sampled query, as its ``cache lookup`` span (hit, joined: an
+        identical input already in flight, or miss)."""
+        t = self.clock.now()
+        status, value = self.cache.get_or_join(key, waiter)
+        tracer = _trace.active
+        if tracer is not None:
+            attrs = {"clipper.model": key[0], "clipper.model_version": key[1]}
+            attrs["clipper.cache.result"] = status.name.lower()
+            tracer.child(span, "cache lookup", t, self.clock.now(), attrs)
+        return status, value
 
     def abandoned(self) -> None:
         self.cache.note_abandoned(self.clock.now())

@@ -54,6 +54,7 @@ from clipper.selection import SelectionPolicy, UserStates, make_loss, make_polic
 from clipper.selection.base import Loss, State
 from clipper.selection.draws import Draw, Draws
 from clipper.selection.states import CAPACITY
+from clipper.tracing import hooks as _trace
 
 __all__ = [
     "EnsembleQuery",
@@ -238,11 +239,16 @@ class SelectionRunner:
         if uid in sel.states:
             self._run(sel, sel.states.get(uid), payloads, uid, reply, t0, slo_s, rank)
             return
+        span = _trace.current  # the request's span (traced), current again once loaded
 
         async def load_then_run() -> None:
             try:
                 state = await self.state_for(sel, uid)
-                self._run(sel, state, payloads, uid, reply, t0, slo_s, rank)
+                _trace.current = span
+                try:
+                    self._run(sel, state, payloads, uid, reply, t0, slo_s, rank)
+                finally:
+                    _trace.current = None
             except Exception as e:  # a task: nobody else would answer
                 fail_internal(reply, f"a query of application '{app.name}'", e)
 
@@ -260,8 +266,11 @@ class SelectionRunner:
         rank: int = STANDARD,
     ) -> None:
         app = sel.app
+        started = self.clock.now() if _trace.current is not None else 0.0
         available = self.available(sel.models)
         chosen = sel.policy.select(state, self.rng, available)
+        if _trace.current is not None:
+            _selection_span(app, chosen, started, self.clock.now())
         if sel.policy.bandit_feedback:
             # The probability among the available models: the one it was drawn with.
             draw = Draw(chosen[0], sel.policy.draw_probability(state, chosen[0], available))
@@ -567,3 +576,11 @@ def combine_one(q: EnsembleQuery, i: int, query_id: int) -> Prediction:
             combined.confidence,
         )
     return Prediction(query_id, combined.output, None, "", used, combined.confidence)
+
+
+def _selection_span(app: Application, chosen: Sequence[str], start: float, end: float) -> None:
+    """A traced query's ``selection`` span: the policy and the models it chose."""
+    tracer = _trace.active
+    if tracer is not None:
+        attrs = {"clipper.policy": app.policy, "clipper.models": ",".join(chosen)}
+        tracer.child(_trace.current, "selection", start, end, attrs)

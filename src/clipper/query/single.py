@@ -35,6 +35,7 @@ from clipper.query.seam import SubmitSeam
 from clipper.query.traffic import ShadowCopies, Traffic
 from clipper.registry import Application
 from clipper.runtime.catalog import Catalog
+from clipper.tracing import hooks as _trace
 
 __all__ = ["LAG_FLOOR_S", "LATE_ARRIVAL_SHARE", "SingleRunner"]
 
@@ -231,6 +232,7 @@ class SingleRunner:
             q.all_default(DefaultReason.NO_MODEL, NO_MODELS)
             return
         if version is None:
+            started = self.clock.now() if _trace.current is not None else 0.0
             if self.traffic is not None:
                 version, q.shadow = self.traffic.route(model, uid, budget_s)
                 if version is not None and hasattr(reply, "version"):
@@ -241,6 +243,8 @@ class SingleRunner:
             if version is None:
                 q.all_default(DefaultReason.NO_MODEL, NO_MODELS)
                 return
+            if _trace.current is not None:
+                _selection_span(model, version, started, self.clock.now())
         elif not catalog.has_version(model, version):
             raise QueryProcessingError(
                 f"Requested version: {version} does not exist for model: {model}"
@@ -370,3 +374,12 @@ class SingleRunner:
 
     def forget_app(self, app: str) -> None:
         """Nothing is kept per application here."""
+
+
+def _selection_span(model: str, version: str, start: float, end: float) -> None:
+    """A traced query's ``selection`` span: the version its model's rollout (or the current
+    version) chose."""
+    tracer = _trace.active
+    if tracer is not None:
+        attrs = {"clipper.model": model, "clipper.model_version": version}
+        tracer.child(_trace.current, "selection", start, end, attrs)

@@ -12,7 +12,10 @@ Frontend -> container::
     FAST predict      [b"", u32 3, u32 1, u32 msg_id, u32 16, meta, payload]
                       meta = JSON {"type": name, "n": n, "sizes": [...]} or, for numeric types
                       whose items all have the same size, {"type", "n", "shape": [n, d]};
-                      payload = the items concatenated.
+                      payload = the items concatenated. A traced batch's meta also has
+                      "traceparent": the W3C header of the frontend's span for the batch's
+                      round trip (our containers make their predict span its child; a reader
+                      that does not know the key ignores it).
     goodbye ack       a heartbeat reply of type 2 (ours): the frontend sends this container no
                       more batches; those already sent are still answered.
     artifact chunk    [b"", u32 3, u32 18, meta, data] (ours): meta = JSON {"sha256", "size",
@@ -347,8 +350,11 @@ def encode_update_fast(
     return frames
 
 
-def encode_predict_fast(msg_id: int, input_type: InputType, items: Sequence[bytes]) -> list[bytes]:
-    """A FAST predict request: JSON meta plus one contiguous payload."""
+def encode_predict_fast(
+    msg_id: int, input_type: InputType, items: Sequence[bytes], traceparent: str | None = None
+) -> list[bytes]:
+    """A FAST predict request: JSON meta plus one contiguous payload; ``traceparent``: the
+    batch's trace context (clipper.tracing), in the meta."""
     n = len(items)
     try:
         mid = _U32.pack(msg_id)
@@ -365,6 +371,8 @@ def encode_predict_fast(msg_id: int, input_type: InputType, items: Sequence[byte
         meta = {"type": input_type.readable, "n": n, "shape": [n, sizes[0] // input_type.itemsize]}
     else:
         meta = {"type": input_type.readable, "n": n, "sizes": sizes}
+    if traceparent is not None:
+        meta["traceparent"] = traceparent
     return [
         _EMPTY,
         _P_VERSION,

@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from clipper.clock import Clock, TimerHandle
 from clipper.errors import ClipperError, RequestError
+from clipper.frontend import request_trace
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc.h2_frames import (
     ACK,
@@ -176,6 +177,8 @@ class NativeReply(InferReply):
     def fail(self, err: RequestError) -> None:
         code, message = error_status(err)
         self.conn.send_error(self.stream, int(code.value[0]), message)
+        if self.span is not None:
+            request_trace.failed(self.span, err)
 
     def hold_s(self) -> float:
         """How long the query may still run: the call's timeout, else its application's SLO."""

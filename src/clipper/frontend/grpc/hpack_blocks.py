@@ -39,9 +39,9 @@ MAX_HEADERS = 128  # header fields per block, counted before decoding
 CACHE_BLOCK_BYTES = 1024  # only blocks this small are cached: a client's repeated requests
 CACHE_BYTES = 32 * 1024  # cached block bytes per connection (the cache is cleared beyond)
 CACHE_ENTRIES = 512
-# The metadata a call's handler is given (the tenant gate's: docs/tenants.md); the rest is not
-# kept.
-CALL_METADATA = frozenset((b"authorization", b"x-api-key", b"x-priority"))
+# The metadata a call's handler is given (the tenant gate's: docs/tenants.md; the W3C trace
+# context: docs/tracing.md); the rest is not kept.
+CALL_METADATA = frozenset((b"authorization", b"x-api-key", b"x-priority", b"traceparent"))
 # (:path, content-type, the call's CALL_METADATA entries)
 Decoded = tuple[bytes, bytes, dict[bytes, bytes]]
 

@@ -27,7 +27,7 @@ import orjson
 
 from clipper.batching.queue import STANDARD
 from clipper.errors import BadInputError, RequestError
-from clipper.frontend import v2
+from clipper.frontend import request_trace, v2
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
 from clipper.frontend.grpc.hpack_blocks import CALL_METADATA
@@ -46,6 +46,8 @@ from clipper.frontend.v2_request import (
     timeout_slo,
 )
 from clipper.query.prediction import CancellableReply, Prediction, answer_failed
+from clipper.tracing import hooks as _trace
+from clipper.tracing.tracer import Span, Tracer
 
 if TYPE_CHECKING:
     from clipper.query.runtime import QueryServices
@@ -180,10 +182,11 @@ class InferReply(CancellableReply):
     goes to :meth:`fail`. Each transport says how to deliver, and calls :meth:`client_gone`
     when the call is cancelled (its stream reset, its connection lost) before the answer."""
 
-    __slots__ = ("app", "infer", "model", "version")
+    __slots__ = ("app", "infer", "model", "span", "version")
 
     def __init__(self) -> None:
         super().__init__()
+        self.span: Span | None = None  # a sampled call's server span (clipper.tracing)
         self.model = ""
         self.version = ""
         self.infer: InferRequest | None = None
@@ -201,6 +204,9 @@ class InferReply(CancellableReply):
             self.fail(answer_failed("encoding a ModelInferResponse", e))
             return
         self.deliver(response)
+        if self.span is not None:
+            self.span.set_attribute("rpc.grpc.status_code", 0)
+            request_trace.answered(self.span, predictions, None)
 
     def deliver(self, response: Any) -> None:
         raise NotImplementedError
@@ -216,9 +222,53 @@ def submit_infer(
     metadata: Mapping[bytes, bytes] | None = None,
 ) -> None:
     """Parse and validate a ModelInferRequest and hand it to the query processor, which
-    answers ``reply`` later (or at once). ``metadata``: the call's ``authorization``,
-    ``x-api-key`` and ``x-priority`` entries, for the tenant gate (judged before the parse).
-    Raises :class:`RequestError`: a bug is INTERNAL with its cause, not UNKNOWN."""
+    answers ``reply`` later (or at once). ``metadata``: the call's :data:`CALL_METADATA`
+    entries: ``authorization``, ``x-api-key`` and ``x-priority`` for the tenant gate (judged
+    before the parse), ``traceparent`` for the trace context. Raises :class:`RequestError`:
+    a bug is INTERNAL with its cause, not UNKNOWN."""
+    tracer = _trace.active
+    if tracer is not None:
+        _submit_traced(tracer, svc, request, reply, metadata)
+        return
+    _submit(svc, request, reply, metadata)
+
+
+def _submit_traced(
+    tracer: Tracer,
+    svc: QueryServices,
+    request: Any,
+    reply: InferReply,
+    metadata: Mapping[bytes, bytes] | None,
+) -> None:
+    t0 = svc.clock.now()
+    attrs = {
+        "rpc.system": "grpc",
+        "rpc.service": "inference.GRPCInferenceService",
+        "rpc.method": "ModelInfer",
+        "clipper.app": str(request.model_name),
+    }
+    traceparent = None if metadata is None else metadata.get(b"traceparent")
+    span = request_trace.begin(
+        tracer, "inference.GRPCInferenceService/ModelInfer", traceparent, t0, attrs
+    )
+    if span is None:
+        _submit(svc, request, reply, metadata)
+        return
+    reply.span = span
+    try:
+        request_trace.run_traced(span, _submit, svc, request, reply, metadata, t0)
+    except RequestError as e:
+        request_trace.failed(span, e)
+        raise
+
+
+def _submit(
+    svc: QueryServices,
+    request: Any,
+    reply: InferReply,
+    metadata: Mapping[bytes, bytes] | None,
+    t0: float | None = None,
+) -> None:
     try:
         app = find_app(svc.catalog.registry, request.model_name)
         rank = STANDARD
@@ -233,8 +283,12 @@ def submit_infer(
         reply.model = app.name
         reply.app = app
         reply.infer = infer
-        now = svc.clock.now()
-        svc.processor.predict(app, payloads, version, "", reply, now, infer.slo_s, rank)
+        tracer = _trace.active
+        if t0 is None:
+            t0 = svc.clock.now()
+        elif tracer is not None and reply.span is not None:
+            request_trace.parsed(tracer, reply.span, t0)
+        svc.processor.predict(app, payloads, version, "", reply, t0, infer.slo_s, rank)
     except RequestError:
         raise
     except Exception as e:
@@ -258,6 +312,8 @@ class _Pending(InferReply):
     def fail(self, err: RequestError) -> None:
         if not self.future.done():
             self.future.set_result(err)
+        if self.span is not None:
+            request_trace.failed(self.span, err)
 
 
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):
