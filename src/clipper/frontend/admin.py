@@ -422,6 +422,11 @@ class AdminApi:
         }
         if mv.autoscale is not None and self.autoscaler is not None:  # docs/autoscaling.md
             doc["autoscale"] = self.autoscaler.view(mv)
+        if mv.pooled:  # docs/density.md; absent otherwise (the original's bodies unchanged)
+            doc["pooled"] = True
+            pool = getattr(self.manager, "pool_view", None)
+            if callable(pool):
+                doc["pool"] = pool(mv.name, mv.version)
         return doc
 
     def _versions(self) -> list[ModelVersion]:
@@ -475,6 +480,7 @@ class AdminApi:
             artifact=artifact,
             batching=batching or BatchingConfig(),
             num_replicas=n,
+            pooled=bool_field(doc, "pooled", False),
         )
         # A no-op when exactly this is deployed already; "already exists" when another is.
         await self.operations.deploy(mv)

@@ -106,7 +106,8 @@ SCHEMAS: dict[str, str] = {
         '{"model_name" := string, "model_version" := string, "input_type" := '
         + _INPUT_TYPES
         + ', "artifact_path" := string, "num_replicas" := int (default 1), '
-        '"batching" := ' + _BATCHING + ' (optional), "labels" := [string] (optional)}'
+        '"batching" := ' + _BATCHING + ' (optional), "labels" := [string] (optional), '
+        '"pooled" := bool (optional: served from a pool process, docs/density.md)}'
     ),
     "stage_model": (
         '{"model_name" := string, "model_version" := string, "input_type" := '
@@ -358,7 +359,11 @@ FIELDS: dict[str, AdminRoute] = {
         (_s("app_name", True), _i("uid")), "An application's learned state", reply="text"
     ),
     "deploy_model": AdminRoute(
-        (*_DEPLOY, Field("labels", "strings")),
+        (
+            *_DEPLOY,
+            Field("labels", "strings"),
+            _b("pooled", doc="served from a shared pool process, loaded on demand (default false)"),
+        ),
         "Deploy a model version from an artifact and wait for its replicas",
         reply="json",
         change=True,

@@ -121,6 +121,11 @@ class ManagerContext:
     node_id: Callable[[], str] = lambda: ""
     # Set when replicas are shared by the frontends (None: each frontend's are its children).
     shared: SharedReplicas | None = None
+    # The local manager's pool processes for pooled versions (docs/density.md), and what it
+    # calls when one of them unloads a model by itself (evicted, or its process died).
+    pool_processes: int = 0
+    pool_memory_mb: int = 512
+    on_unloaded: Callable[[str, str, str], None] | None = None
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
@@ -141,6 +146,9 @@ def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
         log_max_bytes=ctx.log_max_bytes,
         rpc_keys=ctx.rpc_keys,
         shared=ctx.shared,
+        pool_processes=ctx.pool_processes,
+        pool_memory_mb=ctx.pool_memory_mb,
+        on_unloaded=ctx.on_unloaded,
     )
 
 

@@ -1,0 +1,104 @@
+"""Many models per process (docs/density.md) with a real frontend and a real pool process.
+
+One pool process with a budget that holds two of three 8 MB models: each of the three answers
+in turn (loaded on its first query, held while it loads); the third load evicts the least
+recently used one, which the status then shows unloaded, and a query for it loads it again;
+no process is started per model. A query with an SLO shorter than a load, for an unloaded
+model, gets the default with reason ``loading``; a model over the whole budget is refused at
+deploy with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clipper.errors import ClipperError
+from clipper.server import Clipper
+from tests.integration import models
+from tests.integration.frontend_process import container_pids
+from tests.integration.helpers import predict_ok, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+SLO_US = 30_000_000  # 30 s: a load fits however busy the machine
+
+
+async def test_three_models_share_one_pool_process_within_its_budget(tmp_path: Path) -> None:
+    import os
+
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path,
+        pool_processes=1, pool_memory_mb=20,
+    ) as c:  # fmt: skip
+        for i, name in enumerate(("a", "b", "c"), start=1):
+            await c.register_application(name, "doubles", "-1", SLO_US)
+            await c.deploy_model(
+                name, "1", models.Ballast(float(i), 8), input_type="doubles", pooled=True,
+                num_replicas=0,
+            )  # fmt: skip
+            await c.link_model_to_app(name, name)
+        assert c.registry.models["a"]["1"].num_replicas == 0
+
+        def loaded(name: str) -> bool:
+            sched = c.schedulers.get((name, "1"))
+            return sched is not None and len(sched.replicas) == 1
+
+        def state(name: str) -> str:
+            return str(c.manager.pool_view(name, "1")["state"])  # type: ignore[attr-defined]
+
+        for i, name in enumerate(("a", "b"), start=1):
+            doc = await predict_ok(c.query_url, name, {"input": [1.0, 2.0]}, limit_s=40)
+            assert doc["default"] is False and doc["output"] == 3.0 * i, doc
+        assert loaded("a") and loaded("b") and state("a") == "loaded"
+        pool_pids = container_pids(os.getpid())
+        assert len(pool_pids) == 1, pool_pids  # one process for every model
+
+        doc = await predict_ok(c.query_url, "c", {"input": [1.0, 2.0]}, limit_s=40)
+        assert doc["default"] is False and doc["output"] == 9.0, doc
+        # a was used least recently: evicted for c; the version counts at zero replicas
+        await wait_for(lambda: not loaded("a") and state("a") == "unloaded", limit_s=20,
+                       what="a evicted")  # fmt: skip
+        await wait_for(lambda: c.registry.models["a"]["1"].num_replicas == 0, limit_s=20,
+                       what="a counted at zero replicas")  # fmt: skip
+        assert loaded("b") and loaded("c")
+        last = c.autoscaler.last_decision("a", "1")
+        assert last is not None and last.decision.reason == "unloaded", last
+        [pool] = c.manager.pool.describe()  # type: ignore[attr-defined]
+        assert pool["models"] == 2 and pool["evictions"] == 1 and pool["loads"] == 3, pool
+        assert pool["used_bytes"] <= pool["budget_bytes"], pool
+
+        # a again: reloaded (b, now least recently used, makes room)
+        doc = await predict_ok(c.query_url, "a", {"input": [5.0]}, limit_s=40)
+        assert doc["default"] is False and doc["output"] == 5.0, doc
+        await wait_for(lambda: not loaded("b"), limit_s=20, what="b evicted for a")
+        assert container_pids(os.getpid()) == pool_pids
+
+        # b is unloaded now: a 5 ms SLO cannot wait for its load
+        await c.register_application("quick", "doubles", "-1", 5_000)
+        await c.link_model_to_app("quick", "b")
+        doc = await predict_ok(c.query_url, "quick", {"input": [1.0]})
+        assert doc["default"] is True, doc
+        assert "not loaded in a pool process" in doc["default_explanation"] or (
+            "loading into a pool process" in doc["default_explanation"]
+        ), doc
+        text = c.metrics.registry.get_sample_value(
+            "clipper_app_default_outputs_total", {"app": "quick", "reason": "loading"}
+        )
+        assert text is not None and text >= 1, text
+
+        # a model bigger than the whole budget: refused at deploy, saying why
+        await c.register_application("huge", "doubles", "-1", SLO_US)
+        with pytest.raises(ClipperError, match="whole memory budget"):
+            await c.deploy_model(
+                "huge", "1", models.Ballast(1.0, 32), input_type="doubles", pooled=True,
+                ready_timeout_s=40,
+            )  # fmt: skip
+        assert container_pids(os.getpid()) == pool_pids
+
+
+async def test_pooled_needs_pool_processes(tmp_path: Path) -> None:
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path) as c:
+        with pytest.raises(ClipperError, match="pooled models need the local manager"):
+            await c.deploy_model("m", "1", models.row_sums, input_type="doubles", pooled=True)
