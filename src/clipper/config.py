@@ -433,7 +433,7 @@ class FrontendConfig:
                 f"pool_processes needs the local manager (local://), not {self.manager!r}: "
                 "pooled models need the local manager"
             )
-        if self.pool_processes and self.replicas_shared:
+        if self.pool_processes and self._pool_shared():
             raise ConfigError(
                 "pool_processes cannot be combined with shared replicas (--workers > 1, or a "
                 "redis store with --rpc-keys-dir): a pool process serves one frontend"
@@ -459,6 +459,12 @@ class FrontendConfig:
             return self.share_replicas
         workers = getattr(self, "workers", 1)  # --workers, where this version has it
         return self.shared_store_keys or (isinstance(workers, int) and workers > 1)
+
+    def _pool_shared(self) -> bool:
+        # The store is None until `clipper start` places it in the state directory.
+        if self.store is not None:
+            return self.replicas_shared
+        return self.share_replicas if self.share_replicas is not None else self.workers > 1
 
     @property
     def shared_store(self) -> bool:
