@@ -542,6 +542,9 @@ class AdminApi:
                 raise OperationError('labels must be a JSON list of strings, e.g. ["a", "b"]')
             for label in labels:
                 check_chars("label", label)
+        pooled = params.get("pooled", "false")
+        if pooled not in ("true", "false"):
+            raise OperationError(f"pooled must be true or false, got {pooled!r}")
         mv = ModelVersion(
             name=name,
             version=version,
@@ -549,6 +552,7 @@ class AdminApi:
             labels=tuple(labels),
             batching=batching or BatchingConfig(),
             num_replicas=n,
+            pooled=pooled == "true",
         )
         # Placed in the state directory, then deployed; the same upload again is a no-op.
         await self.operations.deploy_upload(mv, body, unpack=self._unpack, source_sha256=source)

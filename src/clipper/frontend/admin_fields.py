@@ -117,7 +117,8 @@ SCHEMAS: dict[str, str] = {
     ),
     "upload_model": (
         "POST /admin/upload_model?name=<model>&version=<version>&input_type=<type>"
-        "[&num_replicas=<int>][&batching=<JSON object>][&source_sha256=<hex>] with the body "
+        "[&num_replicas=<int>][&batching=<JSON object>][&source_sha256=<hex>][&pooled=true] "
+        "with the body "
         "a cloudpickle file or a gzipped tar of an artifact directory (clipper.deployers.package)"
     ),
     "set_num_replicas": (
@@ -379,6 +380,7 @@ FIELDS: dict[str, AdminRoute] = {
             _s("num_replicas", doc="an integer, default 1"),
             _s("batching", doc="a JSON object: the batching settings"),
             _s("source_sha256", doc="the SHA-256 of the source the artifact was built from"),
+            _s("pooled", doc="true: served from a pool process (docs/density.md); default false"),
         ),
         "Deploy a model version from an uploaded file (cloudpickle or a gzipped tar)",
         reply="json",
