@@ -10,6 +10,7 @@ deploy with the reason.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,6 @@ SLO_US = 30_000_000  # 30 s: a load fits however busy the machine
 
 
 async def test_three_models_share_one_pool_process_within_its_budget(tmp_path: Path) -> None:
-    import os
 
     async with Clipper(
         query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path,
@@ -102,3 +102,36 @@ async def test_pooled_needs_pool_processes(tmp_path: Path) -> None:
     async with Clipper(query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path) as c:
         with pytest.raises(ClipperError, match="pooled models need the local manager"):
             await c.deploy_model("m", "1", models.row_sums, input_type="doubles", pooled=True)
+
+
+async def test_the_cli_deploys_a_pooled_model_and_the_admin_view_shows_its_place(
+    tmp_path: Path,
+) -> None:
+    import cloudpickle
+
+    from tests.integration.test_client_cli import clipper_cli
+
+    model_file = tmp_path / "double.pkl"
+    model_file.write_bytes(cloudpickle.dumps(lambda xs: [2.0 * float(sum(x)) for x in xs]))
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path / "state",
+        pool_processes=2, pool_memory_mb=64,
+    ) as c:  # fmt: skip
+        await c.register_application("d", "doubles", "-1", SLO_US)
+        code, out, err = await clipper_cli(
+            c, "model", "deploy", str(model_file), "--name", "d", "--version", "1",
+            "--input-type", "doubles", "--pooled",
+        )  # fmt: skip
+        assert code == 0, err
+        assert "pooled (loaded on demand)" in out
+        await c.link_model_to_app("d", "d")
+        doc = await predict_ok(c.query_url, "d", {"input": [1.0, 2.0]}, limit_s=40)
+        assert doc["default"] is False and doc["output"] == 6.0, doc
+        mv = c.registry.models["d"]["1"]
+        assert mv.pooled and mv.autoscale is not None and mv.autoscale.min_replicas == 0
+        view = c.admin._model_doc(mv)
+        assert view["pooled"] is True and view["pool"]["state"] == "loaded", view
+        assert view["pool"]["pid"] in container_pids(os.getpid())
+        # its autoscaling cannot be turned into more than one replica
+        code, out, err = await clipper_cli(c, "model", "autoscale", "d", "--max", "3")
+        assert code != 0 and "is pooled" in err, (out, err)
