@@ -142,6 +142,8 @@ class ModelPool:
         self._by_key: dict[tuple[str, str], PooledReplica] = {}
         self._estimates: dict[str, int] = {}  # artifact sizes by token, until loaded
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        # Set once every pool process has started (placement then sees them all).
         self._up = asyncio.Event()
 
     # -- what runs ----------------------------------------------------------------------------
@@ -201,6 +203,10 @@ class ModelPool:
             await self._unload(have)
 
     async def stop_all(self) -> None:
+        # The frontend is stopping: what leaves now was not evicted (nothing to count).
+        self._stopping = True
+        for r in self._by_key.values():
+            r.stopping = True
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -222,7 +228,7 @@ class ModelPool:
 
     async def _load(self, mv: ModelVersion) -> None:
         assert mv.artifact is not None
-        # Placement needs a live member: the first ensure after the start waits for one.
+        # Placement needs the members: the first loads wait for every one to have started.
         await wait_for(self.clock, self._up.wait(), 30.0)
         loads = [
             MemberLoad(
@@ -304,7 +310,7 @@ class ModelPool:
             reason = str(msg.get("reason", ""))
             asked = r.stopping
             self._drop(r)
-            if not asked:
+            if not asked and not self._stopping:
                 member.evictions += 1
                 log.info("%s:%s left pool process %d: %s", r.model, r.version, member.index,
                          reason)  # fmt: skip
@@ -330,7 +336,8 @@ class ModelPool:
             )
             reader = asyncio.create_task(self._read(member, child.stdout))
             member.pid, member.stdin = child.pid, child.stdin
-            self._up.set()
+            if all(m.pid is not None for m in self.members):
+                self._up.set()
             try:
                 code = await child.wait()
             except asyncio.CancelledError:
@@ -347,7 +354,7 @@ class ModelPool:
                 self._drop(r)
                 if self.on_exit is not None:
                     self.on_exit(r.token)
-                if self.on_unloaded is not None and not r.stopping:
+                if self.on_unloaded is not None and not r.stopping and not self._stopping:
                     self.on_unloaded(r.model, r.version, f"pool process exited with {code}")
             member.restarts += 1
             if self.clock.now() - started > _STABLE_AFTER:
