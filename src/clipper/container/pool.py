@@ -35,16 +35,15 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
 from clipper.container.pool_budget import PoolBudget, artifact_bytes
-from clipper.container.runtime import _Prefixed, _Server, load_model
+from clipper.container.runtime import _Prefixed, _Server, load_model, start_process
 from clipper.errors import ConfigError
 from clipper.inputs import InputType
-from clipper.rpc.auth import ClientKeys, load_client_keys
+from clipper.rpc.auth import ClientKeys
 from clipper.rpc.wire import PredictRequest
 
 __all__ = ["PoolHost", "pool_main", "rss_bytes"]
@@ -322,16 +321,9 @@ def pool_main(argv: Sequence[str]) -> int:
         parser.error("--memory-budget-mb must be positive")
     if args.nice > 0:
         os.nice(args.nice)
-    try:
-        keys = load_client_keys(Path(args.rpc_keys)) if args.rpc_keys else None
-    except ConfigError as e:
-        print(f"error: --rpc-keys: {e}", file=sys.stderr)
+    ok, keys = start_process(args.rpc_keys)
+    if not ok:
         return 2
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     host = PoolHost(
         address=f"tcp://{args.ip}:{args.port}",
         budget_bytes=int(args.memory_budget_mb * 2**20),

@@ -100,7 +100,15 @@ from clipper.rpc.wire import (
     json_default,
 )
 
-__all__ = ["ERROR_KEY", "RepeatedErrors", "decode_inputs", "load_model", "main", "serve"]
+__all__ = [
+    "ERROR_KEY",
+    "RepeatedErrors",
+    "decode_inputs",
+    "load_model",
+    "main",
+    "serve",
+    "start_process",
+]
 
 ERROR_KEY = "__clipper_error__"
 
@@ -787,6 +795,22 @@ class _Prefixed(logging.LoggerAdapter[logging.Logger]):
         return f"{prefix} {msg}", kwargs
 
 
+def start_process(rpc_keys: str | None) -> tuple[bool, ClientKeys | None]:
+    """A container process's start: its log on stderr, and the CURVE keys of ``--rpc-keys``
+    (None: none given); False when they cannot be read (said on stderr: the process exits 2)."""
+    try:
+        keys = load_client_keys(Path(rpc_keys)) if rpc_keys else None
+    except ConfigError as e:
+        print(f"error: --rpc-keys: {e}", file=sys.stderr)
+        return False, None
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    return True, keys
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -805,16 +829,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: --input-type: {e}", file=sys.stderr)
         return 2
-    try:
-        keys = load_client_keys(Path(args.rpc_keys)) if args.rpc_keys else None
-    except ConfigError as e:
-        print(f"error: --rpc-keys: {e}", file=sys.stderr)
+    ok, keys = start_process(args.rpc_keys)
+    if not ok:
         return 2
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     stop = threading.Event()
     leave = threading.Event()
 

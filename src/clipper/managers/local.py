@@ -35,7 +35,14 @@ from typing import Any
 from clipper.clock import Clock, sleep, wait_for
 from clipper.errors import ReplicaError
 from clipper.managers.pool import ModelPool, OnUnloaded, PooledReplica
-from clipper.managers.replica_log import LOG_MAX_BYTES, RotatingLog, copy_log, finish_copy
+from clipper.managers.replica_log import (
+    BACKOFF_START,
+    LOG_MAX_BYTES,
+    RotatingLog,
+    copy_log,
+    finish_copy,
+    next_backoff,
+)
 from clipper.managers.shared import SharedReplicas
 from clipper.registry import ModelVersion
 from clipper.store.base import StoreError
@@ -45,9 +52,6 @@ __all__ = ["LOG_MAX_BYTES", "LocalManager", "ReplicaProcess", "RotatingLog"]
 
 log = logging.getLogger("clipper.manager")
 
-_BACKOFF_START = 0.1
-_BACKOFF_MAX = 5.0
-_STABLE_AFTER = 10.0
 _STOP_GRACE = 3.0
 # A retired replica drains every link (bounded by its drain timeout) and exits within this.
 _RETIRE_WAIT_S = 8.0
@@ -485,7 +489,7 @@ class LocalManager:
         if self.shared is not None:
             await self._supervise_shared(mv, proc)
             return
-        backoff = _BACKOFF_START
+        backoff = BACKOFF_START
         while True:
             self._generation += 1
             proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
@@ -520,7 +524,7 @@ class LocalManager:
         """As :meth:`_supervise`, for a replica that must outlive this frontend: its own
         session, its log written by itself (unrotated while it runs), its record in the store;
         a cancel of a detached slot leaves it running."""
-        backoff = _BACKOFF_START
+        backoff = BACKOFF_START
         while True:
             self._generation += 1
             proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
@@ -571,14 +575,13 @@ class LocalManager:
         if proc.stopping:
             return None
         proc.restarts += 1
-        if self.clock.now() - started > _STABLE_AFTER:
-            backoff = _BACKOFF_START
+        wait, after = next_backoff(backoff, self.clock.now() - started)
         log.warning(
             "replica %s of %s:%s exited with %s; restarting in %.1f s (log: %s)",
-            proc.slot, mv.name, mv.version, code, backoff, proc.log_path,
+            proc.slot, mv.name, mv.version, code, wait, proc.log_path,
         )  # fmt: skip
-        await sleep(self.clock, backoff)
-        return min(backoff * 2, _BACKOFF_MAX)
+        await sleep(self.clock, wait)
+        return after
 
 
 def _open_log(path: Path, max_bytes: int) -> Any:

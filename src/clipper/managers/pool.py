@@ -33,16 +33,19 @@ import orjson
 from clipper.clock import Clock, sleep, wait_for
 from clipper.container.pool_budget import MemberLoad, artifact_bytes, place
 from clipper.errors import ReplicaError
-from clipper.managers.replica_log import RotatingLog, copy_log, finish_copy
+from clipper.managers.replica_log import (
+    BACKOFF_START,
+    RotatingLog,
+    copy_log,
+    finish_copy,
+    next_backoff,
+)
 from clipper.registry import ModelVersion
 
 __all__ = ["ModelPool", "PooledReplica"]
 
 log = logging.getLogger("clipper.manager")
 
-_BACKOFF_START = 0.1
-_BACKOFF_MAX = 5.0
-_STABLE_AFTER = 10.0
 _STOP_GRACE = 3.0
 # An unload drains the model's links (bounded by the pool process's drain timeout).
 _UNLOAD_WAIT_S = 12.0
@@ -319,7 +322,7 @@ class ModelPool:
 
     # -- supervision ----------------------------------------------------------------------------
     async def _supervise(self, member: _Member) -> None:
-        backoff = _BACKOFF_START
+        backoff = BACKOFF_START
         while True:
             started = self.clock.now()
             child = await asyncio.create_subprocess_exec(
@@ -357,14 +360,12 @@ class ModelPool:
                 if self.on_unloaded is not None and not r.stopping and not self._stopping:
                     self.on_unloaded(r.model, r.version, f"pool process exited with {code}")
             member.restarts += 1
-            if self.clock.now() - started > _STABLE_AFTER:
-                backoff = _BACKOFF_START
+            wait, backoff = next_backoff(backoff, self.clock.now() - started)
             log.warning(
                 "pool process %d exited with %s (%d models lost); restarting in %.1f s (log: %s)",
-                member.index, code, len(lost), backoff, member.log_path,
+                member.index, code, len(lost), wait, member.log_path,
             )  # fmt: skip
-            await sleep(self.clock, backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
+            await sleep(self.clock, wait)
 
     async def _read(self, member: _Member, stream: asyncio.StreamReader) -> None:
         while True:

@@ -1,6 +1,7 @@
-"""A replica's log: the child's output copied into a file capped in size, off the event loop.
+"""What the local manager's supervisors share: a replica's log (the child's output copied
+into a file capped in size, off the event loop) and the restart back-off.
 
-Used by the local manager for every replica process and pool process it runs.
+Used for every replica process and pool process it runs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from pathlib import Path
 
 from clipper.clock import Clock, wait_for
 
-__all__ = ["LOG_MAX_BYTES", "RotatingLog", "copy_log", "finish_copy"]
+__all__ = [
+    "BACKOFF_START",
+    "LOG_MAX_BYTES",
+    "RotatingLog",
+    "copy_log",
+    "finish_copy",
+    "next_backoff",
+]
 
 log = logging.getLogger("clipper.manager")
 
@@ -21,6 +29,18 @@ log = logging.getLogger("clipper.manager")
 # (<log>.1): at most about twice this on disk per replica slot, however much a model prints.
 LOG_MAX_BYTES = 10 * 2**20
 _PIPE_CHUNK = 64 * 1024
+# A process that exits is restarted after a back-off that doubles up to this, and starts again
+# from the first once a run lasted long enough to count as stable.
+BACKOFF_START = 0.1
+_BACKOFF_MAX = 5.0
+_STABLE_AFTER = 10.0
+
+
+def next_backoff(backoff: float, ran_s: float) -> tuple[float, float]:
+    """(the wait before this restart, the one after it) for a process that ran ``ran_s``."""
+    if ran_s > _STABLE_AFTER:
+        backoff = BACKOFF_START
+    return backoff, min(backoff * 2, _BACKOFF_MAX)
 
 
 class RotatingLog:
