@@ -383,12 +383,14 @@ class Autoscaler:
         why = self._unloaded.pop(key, None)
         if not mv.pooled:
             return
+        sched = self.catalog.scheduler(*key)
         if why is not None and decision.replicas:
-            self.unloaded(key, why)
-        elif not decision.replicas:
-            sched = self.catalog.scheduler(*key)
-            if sched is not None and len(sched.queue):
-                self.wake(key)
+            # The load waited for its replica: one connected now means the report was of
+            # the model's earlier load, and this one stands.
+            if sched is None or not sched.replicas:
+                self.unloaded(key, why)
+        elif not decision.replicas and sched is not None and len(sched.queue):
+            self.wake(key)
 
     # -- scale to zero -------------------------------------------------------------------------
     def _attach_cold(self, versions: list[ModelVersion]) -> None:
@@ -427,10 +429,12 @@ class Autoscaler:
         """A pooled version left its pool process by itself (evicted for room, or the
         process died): count it at zero replicas, so the next query loads it again."""
         mv = self.registry.models.get(key[0], {}).get(key[1])
-        if mv is None or not mv.pooled or not mv.num_replicas or not self.drives(mv):
+        if mv is None or not mv.pooled or not self.drives(mv):
             return
         if key in self._actions:
-            self._unloaded[key] = why  # after the decision under way
+            self._unloaded[key] = why  # after the decision under way (a load: to one)
+            return
+        if not mv.num_replicas:
             return
         self._carry_out(mv, Decision(0, "unloaded", f"unloaded from its pool process: {why}"),
                         self.clock.now())  # fmt: skip
