@@ -44,7 +44,8 @@ no batch comes), answers the batches it already holds, and exits; ``--drain-time
 that. A second signal exits at once. Readiness (``--ready-file``, ``--ready-port``) and the log
 lines about an unreachable or refusing frontend are :mod:`clipper.container.presence`;
 ``--fetch-artifact`` (the model from the frontend instead of ``--model-path``) is
-:mod:`clipper.container.fetch`.
+:mod:`clipper.container.fetch`; ``--pool`` (many models in one process, loaded on demand) is
+:mod:`clipper.container.pool`.
 
 Authentication: a frontend with RPC authentication on (the default) accepts only containers that
 hold its deployment's CURVE keys: ``--rpc-keys DIR`` (or ``CLIPPER_RPC_KEYS``) names a directory
