@@ -5,7 +5,9 @@ in turn (loaded on its first query, held while it loads); the third load evicts 
 recently used one, which the status then shows unloaded, and a query for it loads it again;
 no process is started per model. A query with an SLO shorter than a load, for an unloaded
 model, gets the default with reason ``loading``; a model over the whole budget is refused at
-deploy with the reason.
+deploy with the reason. The same through ``clipper start --pool-processes`` (a frontend
+process) and the client; ``clipper model deploy --pooled``; a pool process killed is restarted
+and its model loads again; ``pooled`` without pool processes is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 from clipper.errors import ClipperError
 from clipper.server import Clipper
 from tests.integration import models
-from tests.integration.frontend_process import container_pids
+from tests.integration.frontend_process import FrontendProcess, container_pids
 from tests.integration.helpers import predict_ok, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -135,3 +137,80 @@ async def test_the_cli_deploys_a_pooled_model_and_the_admin_view_shows_its_place
         # its autoscaling cannot be turned into more than one replica
         code, out, err = await clipper_cli(c, "model", "autoscale", "d", "--max", "3")
         assert code != 0 and "is pooled" in err, (out, err)
+
+
+async def test_a_pool_process_that_dies_is_restarted_and_its_models_load_again(
+    tmp_path: Path,
+) -> None:
+    import signal
+
+    from tests.integration.helpers import pid_alive
+
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path,
+        pool_processes=1, pool_memory_mb=64,
+    ) as c:  # fmt: skip
+        await c.register_application("s", "doubles", "-1", SLO_US)
+        await c.deploy_model("s", "1", models.row_sums, input_type="doubles", pooled=True)
+        await c.link_model_to_app("s", "s")
+        doc = await predict_ok(c.query_url, "s", {"input": [1.0, 2.0]}, limit_s=40)
+        assert doc["default"] is False and doc["output"] == 3.0
+        [first] = container_pids(os.getpid())
+        os.kill(first, signal.SIGKILL)
+        await wait_for(lambda: c.registry.models["s"]["1"].num_replicas == 0, limit_s=20,
+                       what="its model counted unloaded")  # fmt: skip
+        last = c.autoscaler.last_decision("s", "1")
+        assert last is not None and last.decision.reason == "unloaded"
+        assert "pool process exited" in last.decision.detail
+        await wait_for(lambda: len(container_pids(os.getpid())) == 1, limit_s=20,
+                       what="the pool process restarted")  # fmt: skip
+        assert not pid_alive(first) or first not in container_pids(os.getpid())
+        doc = await predict_ok(c.query_url, "s", {"input": [4.0]}, limit_s=40)
+        assert doc["default"] is False and doc["output"] == 4.0, doc
+        [pool] = c.manager.pool.describe()  # type: ignore[attr-defined]
+        assert pool["restarts"] == 1 and pool["models"] == 1, pool
+
+
+class PooledFrontend(FrontendProcess):
+    """``clipper start`` with one pool process of a 20 MB budget."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--pool-processes", "1", "--pool-memory-mb", "20"]
+
+
+async def test_a_clipper_start_frontend_serves_three_models_from_one_process(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from clipper.client import Client
+
+    fe = PooledFrontend(tmp_path / "state")
+    try:
+        await fe.start()
+        client = Client(fe.admin_url, f"http://127.0.0.1:{fe.ports.query}")
+        for i, name in enumerate(("a", "b", "c"), start=1):
+            await asyncio.to_thread(client.register_application, name, "doubles", "-1", SLO_US)
+            await asyncio.to_thread(
+                lambda n=name, k=i: client.deploy_model(
+                    n, "1", models.Ballast(float(k), 8), input_type="doubles",
+                    num_replicas=0, pooled=True,
+                )
+            )  # fmt: skip
+            await asyncio.to_thread(client.link_model_to_app, name, name)
+        query = f"http://127.0.0.1:{fe.ports.query}"
+        for i, name in enumerate(("a", "b", "c"), start=1):
+            doc = await predict_ok(query, name, {"input": [1.0]}, limit_s=40)
+            assert doc["default"] is False and doc["output"] == float(i), doc
+        assert len(container_pids(fe.pid)) == 1  # one pool process, no process per model
+
+        async def unloaded_a() -> bool:
+            doc = await fe.admin_ok("get_model", {"model_name": "a", "model_version": "1"})
+            return bool(doc["pool"]["state"] == "unloaded")
+
+        await wait_for(unloaded_a, limit_s=20, what="a evicted for c")
+        doc = await predict_ok(query, "a", {"input": [2.0]}, limit_s=40)
+        assert doc["default"] is False and doc["output"] == 2.0, doc
+        assert len(container_pids(fe.pid)) == 1
+    finally:
+        fe.cleanup()
