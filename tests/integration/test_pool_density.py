@@ -133,6 +133,10 @@ async def test_the_cli_deploys_a_pooled_model_and_the_admin_view_shows_its_place
         assert mv.pooled and mv.autoscale is not None and mv.autoscale.min_replicas == 0
         view = c.admin._model_doc(mv)
         assert view["pooled"] is True and view["pool"]["state"] == "loaded", view
+        logs = c.manager.log_files("d", "1")
+        assert logs is not None
+        [log] = logs.values()
+        assert log.name.startswith("pool-") and "loaded d:1" in log.read_text()
         assert view["pool"]["pid"] in container_pids(os.getpid())
         # its autoscaling cannot be turned into more than one replica
         code, out, err = await clipper_cli(c, "model", "autoscale", "d", "--max", "3")
@@ -182,6 +186,7 @@ async def test_a_clipper_start_frontend_serves_three_models_from_one_process(
     tmp_path: Path,
 ) -> None:
     import asyncio
+    import functools
 
     from clipper.client import Client
 
@@ -192,9 +197,9 @@ async def test_a_clipper_start_frontend_serves_three_models_from_one_process(
         for i, name in enumerate(("a", "b", "c"), start=1):
             await asyncio.to_thread(client.register_application, name, "doubles", "-1", SLO_US)
             await asyncio.to_thread(
-                lambda n=name, k=i: client.deploy_model(
-                    n, "1", models.Ballast(float(k), 8), input_type="doubles",
-                    num_replicas=0, pooled=True,
+                functools.partial(
+                    client.deploy_model, name, "1", models.Ballast(float(i), 8),
+                    input_type="doubles", num_replicas=0, pooled=True,
                 )
             )  # fmt: skip
             await asyncio.to_thread(client.link_model_to_app, name, name)

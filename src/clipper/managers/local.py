@@ -197,6 +197,9 @@ class LocalManager:
             slot = path.name[len(prefix) : -len(".log")]
             if slot.isdigit():
                 out[int(slot)] = path
+        if self.pool is not None:
+            for r in self.pool.replicas(name, version):  # a pooled version: its pool's log
+                out.setdefault(r.slot, r.log_path)
         return dict(sorted(out.items()))
 
     async def forget(self, name: str, version: str) -> None:
