@@ -180,16 +180,17 @@ class Client:
         source_sha256: str | None = None,
         input_size: int | None = None,
         labels: Sequence[str] = (),
+        pooled: bool = False,
     ) -> dict[str, Any]:
         """Deploy ``model`` (a function, an object with ``predict``, a scikit-learn estimator,
         a PyTorch module, an ONNX file, an XGBoost or LightGBM model), or an artifact already
         on disk; returns once its replicas are ready and traffic has switched to it.
         ``source_sha256``: the digest of the file it was made from, which the frontend keeps
-        for ``clipper apply`` to recognise (see docs/cli.md); ``labels``: the version's labels.
-        Before anything is sent the
-        model is checked against ``input_type`` and ``input_size`` (values per input, when
-        known) and smoke-predicted (:func:`clipper.deployers.check`): a model that cannot
-        serve them is refused with a ConfigError of one line."""
+        for ``clipper apply`` to recognise (see docs/cli.md); ``labels``: the version's labels;
+        ``pooled``: served from a pool process, loaded on demand (docs/density.md). Before
+        anything is sent the model is checked against ``input_type`` and ``input_size``
+        (values per input, when known) and smoke-predicted (:func:`clipper.deployers.check`):
+        a model that cannot serve them is refused with a ConfigError of one line."""
         if (model is None) == (artifact is None):
             raise ClipperError("deploy_model needs exactly one of model= or artifact=")
         # Only clients that deploy pay the import.
@@ -219,6 +220,8 @@ class Client:
             query["source_sha256"] = source_sha256
         if labels:
             query["labels"] = orjson.dumps(list(labels)).decode()
+        if pooled:
+            query["pooled"] = "true"
         url = f"{self.admin_url}/admin/upload_model?{urllib.parse.urlencode(query)}"
         status, data = self._call(url, body, headers={"Content-Type": "application/gzip"})
         answer = self._admin_answer(status, data)

@@ -128,6 +128,12 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
     m.add_argument("--input-type", required=True, help=INPUT_TYPES.help())
     m.add_argument("--replicas", type=int, default=1)
     m.add_argument(
+        "--pooled",
+        action="store_true",
+        help="serve it from a pool process, loaded on demand and unloaded when idle "
+        "(the frontend needs --pool-processes; docs/density.md)",
+    )
+    m.add_argument(
         "--input-size",
         type=int,
         help="values per input the application sends: a model file declaring another width "
@@ -414,7 +420,7 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
             lambda: client.deploy_model(
                 args.name, args.version, input_type=args.input_type,
                 num_replicas=args.replicas, batching=batching, input_size=args.input_size,
-                **kwargs,
+                pooled=args.pooled, **kwargs,
             ),
             args,
         )  # fmt: skip
@@ -422,6 +428,8 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
         raise
     except Exception as e:  # the framework's own failure while packaging: one line
         raise ConfigError(f"{path}: packaging the model failed: {type(e).__name__}: {e}") from e
+    if args.pooled:
+        return f"deployed {args.name}:{args.version}: pooled (loaded on demand), serving"
     replicas = f"{args.replicas} replica{'' if args.replicas == 1 else 's'}"
     return f"deployed {args.name}:{args.version}: {replicas} ready, serving"
 

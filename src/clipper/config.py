@@ -29,6 +29,7 @@ SAME: Final[object] = object()
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # More processes than this on one machine is a mistake (a typo), not a deployment.
 _MAX_WORKERS = 256
+_MAX_POOL_PROCESSES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +280,14 @@ class FrontendConfig:
     container_nice: int = field(
         default=5, metadata=cli("containers run this much nicer than the frontend")
     )
+    # Many models per process (docs/density.md): the local manager's pool processes, each
+    # holding the models deployed with pooled: true within its memory budget, LRU first out.
+    pool_processes: int = field(
+        default=0, metadata=cli("pool processes for pooled models (local manager; 0: none)")
+    )
+    pool_memory_mb: int = field(
+        default=512, metadata=cli("memory budget of each pool process's models, in MB")
+    )
     # The admin API changes what is served: loopback only, unless a bearer token guards it.
     admin_host: str = field(
         default="127.0.0.1",
@@ -424,6 +433,23 @@ class FrontendConfig:
             raise ConfigError("replica_log_bytes must be >= 1024 and deleted_logs_grace_s >= 0")
         if self.max_upload_unpacked_bytes < 1 or self.max_upload_files < 1:
             raise ConfigError("max_upload_unpacked_bytes and max_upload_files must be >= 1")
+        if not 0 <= self.pool_processes <= _MAX_POOL_PROCESSES:
+            raise ConfigError(
+                f"pool_processes must be between 0 and {_MAX_POOL_PROCESSES}, got "
+                f"{self.pool_processes}"
+            )
+        if self.pool_memory_mb < 1:
+            raise ConfigError(f"pool_memory_mb must be >= 1 (MB), got {self.pool_memory_mb}")
+        if self.pool_processes and not self.manager.startswith("local://"):
+            raise ConfigError(
+                f"pool_processes needs the local manager (local://), not {self.manager!r}: "
+                "pooled models need the local manager"
+            )
+        if self.pool_processes and self._pool_shared():
+            raise ConfigError(
+                "pool_processes cannot be combined with shared replicas (--workers > 1, or a "
+                "redis store with --rpc-keys-dir): a pool process serves one frontend"
+            )
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         CACHE_POLICIES.check(self.cache_policy)
@@ -445,6 +471,12 @@ class FrontendConfig:
             return self.share_replicas
         workers = getattr(self, "workers", 1)  # --workers, where this version has it
         return self.shared_store_keys or (isinstance(workers, int) and workers > 1)
+
+    def _pool_shared(self) -> bool:
+        # The store is None until `clipper start` places it in the state directory.
+        if self.store is not None:
+            return self.replicas_shared
+        return self.share_replicas if self.share_replicas is not None else self.workers > 1
 
     @property
     def shared_store(self) -> bool:

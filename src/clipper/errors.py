@@ -44,6 +44,8 @@ module to keep it so). Classes defined beside their only raiser name their modul
     ├── DeadlineExceeded       a query's deadline passed before its batch could be sent
     ├── ClientGone             every query waiting for an input was abandoned: never evaluated
     ├── ReplicaError           a replica is gone, or answered with a broken frame
+    │   └── ModelTooBig        a model over a pool process's whole memory budget
+    │                          [container.pool_budget]
     ├── ArtifactUnavailable    a container's artifact fetch stopped, or none to fetch
     │                          [container.fetch]
     ├── _NoAnswer              the frontend did not answer a fetch in time [container.fetch]

@@ -198,9 +198,14 @@ class ModelVersion:
     keep: bool = False
     # Replicas driven by the autoscaler between bounds (None: num_replicas as set).
     autoscale: AutoscaleConfig | None = None
+    # Served from a shared pool process (loaded on demand, LRU-evicted within its memory
+    # budget) instead of a process of its own: docs/density.md.
+    pooled: bool = False
 
     def __post_init__(self) -> None:
         check_name("model", self.name)
+        if not isinstance(self.pooled, bool):
+            raise RegistryError(f"pooled must be true or false, got {self.pooled!r}")
         check_name("version", self.version)
         if self.num_replicas < 0:
             raise RegistryError(f"num_replicas must be >= 0, got {self.num_replicas}")
@@ -223,6 +228,8 @@ class ModelVersion:
         }
         if self.autoscale is not None:  # absent, not null: older records stay equal
             record["autoscale"] = self.autoscale.to_record()
+        if self.pooled:  # absent unless set, as autoscale
+            record["pooled"] = True
         return record
 
     @classmethod
@@ -242,6 +249,7 @@ class ModelVersion:
                 if r.get("autoscale") is not None
                 else None
             ),
+            pooled=r.get("pooled", False),
         )
 
 

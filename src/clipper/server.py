@@ -215,6 +215,12 @@ class Clipper:
                 rpc_keys=rpc_keys,
                 node_id=self.node,
                 shared=shared,
+                pool_processes=config.pool_processes,
+                pool_memory_mb=config.pool_memory_mb,
+                # The autoscaler is built below; a pool reports only once running.
+                on_unloaded=lambda name, version, why: self.autoscaler.unloaded(
+                    (name, version), why
+                ),
             ),
         )
         self.reconciler = Reconciler(
@@ -651,12 +657,14 @@ class Clipper:
         retire_previous: bool = True,
         wait: bool = True,
         ready_timeout_s: float = 60.0,
+        pooled: bool = False,
     ) -> ModelVersion:
         """Run ``model`` (a function, or an object with ``predict(inputs)``) in
         ``num_replicas`` container processes. With ``wait`` it returns once they are all
         connected; traffic switches to this version only then (when ``set_current``). A
         deploy that fails is undone; repeating one that succeeded (same artifact and
-        settings) is a no-op."""
+        settings) is a no-op. ``pooled``: its one replica is loaded into a pool process
+        (``pool_processes``; docs/density.md)."""
         if (model is None) == (artifact is None):
             raise ClipperError("deploy_model needs exactly one of model= or artifact=")
         mv = ModelVersion(
@@ -667,6 +675,7 @@ class Clipper:
             artifact=None if artifact is None else str(artifact),
             batching=batching or BatchingConfig(),
             num_replicas=num_replicas,
+            pooled=pooled,
         )
         if artifact is None:
             return await self.operations.deploy_object(

@@ -196,3 +196,15 @@ def hostile_outputs(xs: Any) -> list[Any]:
 def nan_features(xs: list[Any]) -> list[Any]:
     """A pipeline's first stage (json): ``{"vec": [...]}``, with a NaN when ``x`` is negative."""
     return [{"vec": [float("nan") if v < 0 else 2.0 * v for v in x["x"]]} for x in xs]
+
+
+class Ballast:
+    """Row sums times ``scale``, holding ``mb`` megabytes of data (a model's weights): the
+    size a pool process charges it (docs/density.md)."""
+
+    def __init__(self, scale: float, mb: int) -> None:
+        self.scale = scale
+        self.weights = np.ones(mb * 2**20 // 8)
+
+    def predict(self, xs: Any) -> list[float]:
+        return [self.scale * v for v in row_sums(xs)]

@@ -45,6 +45,7 @@ class StubScheduler:
         self.offered = self.shed = self.late = 0
         self.stalled = self.overran = self.lag_shed = 0
         self.cold: ColdStart | None = None
+        self.queue: list[object] = []  # inputs held or queued
 
 
 class RecordingControl:
@@ -391,5 +392,66 @@ async def test_only_the_driving_frontend_wakes_a_version() -> None:
     cold = h.sched.cold
     assert isinstance(cold, ColdStart)  # held here too
     assert cold.hold(0, 1, 10.0) is None
+    await asyncio.sleep(0)
+    assert h.control.calls == []
+
+
+async def test_a_pooled_version_unloaded_by_its_pool_counts_at_zero_and_reloads_on_a_query() -> (
+    None
+):
+    mv = replace(version(min_replicas=0, max_replicas=1), pooled=True)
+    h = Harness(mv)
+    await h.run(1, 0)
+    cold = h.sched.cold
+    assert isinstance(cold, ColdStart) and cold.loading  # its defaults say "loading"
+    # evicted for room: counted at zero replicas, with the reason
+    h.sched.replicas = []
+    h.autoscaler.unloaded(("m", "1"), "evicted: least recently used")
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert h.control.calls == [("m", "1", 0)] and h.replicas == 0
+    last = h.autoscaler.last_decision("m", "1")
+    assert last is not None and last.decision.reason == "unloaded"
+    assert "evicted: least recently used" in last.decision.detail
+    h.autoscaler.unloaded(("m", "1"), "again")  # already at zero: nothing more
+    await asyncio.sleep(0)
+    assert len(h.control.calls) == 1
+    # a query loads it again
+    assert cold.hold(0, 1, 10.0) is None
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert h.control.calls[-1] == ("m", "1", 1) and h.replicas == 1
+
+
+async def test_an_unload_reported_while_a_load_is_under_way_is_counted_after_it() -> None:
+    mv = replace(version(min_replicas=0, max_replicas=1), pooled=True)
+    h = Harness(mv)
+    h.registry.set_num_replicas("m", "1", 0)
+    await h.run(1, 0)
+    h.sched.replicas = []
+    assert h.sched.cold is not None and h.sched.cold.hold(0, 1, 10.0) is None  # load: to 1
+    h.autoscaler.unloaded(("m", "1"), "pool process exited with -9")  # while it runs
+    assert h.control.calls == []  # not yet: the load's decision is under way
+    for _ in range(6):
+        await asyncio.sleep(0)
+    assert h.control.calls == [("m", "1", 1), ("m", "1", 0)] and h.replicas == 0
+
+
+async def test_an_unload_with_queries_held_for_the_version_loads_it_again_at_once() -> None:
+    mv = replace(version(min_replicas=0, max_replicas=1), pooled=True)
+    h = Harness(mv)
+    await h.run(1, 0)
+    h.sched.replicas = []
+    h.sched.queue = [object()]  # a query is held for it as it is evicted
+    h.autoscaler.unloaded(("m", "1"), "evicted")
+    for _ in range(6):
+        await asyncio.sleep(0)
+    assert h.control.calls == [("m", "1", 0), ("m", "1", 1)] and h.replicas == 1
+
+
+async def test_a_version_that_is_not_pooled_ignores_an_unload_report() -> None:
+    h = Harness(version(min_replicas=0))
+    await h.run(1, 0)
+    h.autoscaler.unloaded(("m", "1"), "evicted")
     await asyncio.sleep(0)
     assert h.control.calls == []

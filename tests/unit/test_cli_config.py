@@ -10,6 +10,7 @@ import pytest
 from clipper.choices import CACHE_POLICIES
 from clipper.cli import _env_defaults, _parser, add_config_options, config_from_args
 from clipper.config import FrontendConfig, cli
+from clipper.errors import ConfigError
 
 
 def _start_parser(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> argparse.ArgumentParser:
@@ -180,3 +181,18 @@ def test_ctrl_c_and_a_closed_pipe_end_a_command_without_a_traceback(
     monkeypatch.setattr(cli_module, "run_command", interrupted)
     assert cli_module.main(["status"]) == code
     assert capsys.readouterr().err == said
+
+
+def test_pool_flags_and_their_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    start = _start_parser(monkeypatch, {})
+    args = start.parse_args(["--pool-processes", "4", "--pool-memory-mb", "256"])
+    config = config_from_args(args, FrontendConfig)
+    assert config.pool_processes == 4 and config.pool_memory_mb == 256
+    with pytest.raises(ConfigError, match="pool_memory_mb must be >= 1"):
+        FrontendConfig(pool_processes=1, pool_memory_mb=0)
+    with pytest.raises(ConfigError, match="pool_processes must be between 0 and 256"):
+        FrontendConfig(pool_processes=-1)
+    with pytest.raises(ConfigError, match="pooled models need the local manager"):
+        FrontendConfig(pool_processes=2, manager="external://")
+    with pytest.raises(ConfigError, match="cannot be combined with shared replicas"):
+        FrontendConfig(pool_processes=2, workers=2)

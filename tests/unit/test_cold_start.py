@@ -176,3 +176,21 @@ def test_readiness_counts_a_scaled_to_zero_version_as_ready_but_cold(cold: Cold)
     assert catalog.cold() == ["m:1 (waking from zero)"]
     cold.connect()
     assert catalog.cold() == [] and catalog.reasons() == []
+
+
+def test_a_pooled_version_says_loading_at_once_and_at_its_deadline(cold: Cold) -> None:
+    assert cold.sched.cold is not None
+    cold.sched.cold.loading = True  # a pooled version (docs/density.md)
+    cold.sched.cold.last_s = 0.5  # its last load took 500 ms; the SLO is 20 ms
+    first = cold.query()
+    p = first.one()
+    assert first.at == cold.f.clock.now() and p.reason is DefaultReason.LOADING
+    assert p.explanation.startswith("the model is loading into a pool process: about 500 ms")
+    cold.sched.cold.last_s = None  # unmeasured: held, then the default at its deadline
+    cold.sched.cold.woke_at = None
+    held = cold.query(2.0)
+    assert held.at is None
+    cold.f.clock.advance(cold.app.slo_s)
+    p = held.one()
+    assert p.reason is DefaultReason.LOADING and p.output == -1
+    assert "model m:1 is not loaded in a pool process" in p.explanation

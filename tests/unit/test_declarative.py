@@ -437,3 +437,33 @@ def test_a_bad_tenant_is_a_problem_with_its_path(tmp_path: Path) -> None:
     problems = _problems(_write(tmp_path, text))
     assert any("tenants[0]" in p and "critical, standard, sheddable" in p for p in problems)
     assert any("tenants[1]" in p and "rate must be in" in p for p in problems), problems
+
+
+def test_a_pooled_version_reads_with_its_autoscaling_and_exports_back(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD.replace("        replicas: 2\n", "        pooled: true\n"))
+    (model,) = read_desired_state(path).models
+    (v,) = model.versions
+    assert v.pooled and v.replicas == 0  # unloaded until its first query
+    assert v.autoscale is not None and (v.autoscale.min_replicas, v.autoscale.max_replicas) == (
+        0,
+        1,
+    )
+    state = _state_of(path)
+    state["models"][0]["versions"][0]["pooled"] = True
+    state["models"][0]["versions"][0]["autoscale"] = v.autoscale.to_record()
+    plan = make_plan(read_desired_state(path), state, prune=False)
+    assert plan.steps == []  # what the frontend made of it is what the file says
+    doc = to_document(state)
+    (exported,) = doc["models"][0]["versions"]
+    assert exported["pooled"] is True
+    assert exported["autoscale"] == {"min_replicas": 0, "max_replicas": 1}
+    state["models"][0]["versions"][0]["pooled"] = False
+    with pytest.raises(DocumentError) as e:
+        make_plan(read_desired_state(path), state, prune=False)
+    assert any("pooled False -> True" in p for p in e.value.problems), e.value.problems
+
+
+def test_a_pooled_version_needs_an_artifact(tmp_path: Path) -> None:
+    text = GOOD.replace("        artifact: adder\n        replicas: 2\n", "        pooled: true\n")
+    path = _write(tmp_path, text.replace("        replicas: 2\n", "        replicas: 0\n"))
+    assert any("pool process loads the model from its artifact" in p for p in _problems(path))

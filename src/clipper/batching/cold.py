@@ -32,10 +32,15 @@ class ColdStart:
     """A scale-to-zero version's wake state: when the current wake began, how long the last
     one took, and the bound on held inputs."""
 
-    __slots__ = ("_wake", "clock", "last_s", "limit", "wakes", "woke_at")
+    __slots__ = ("_wake", "clock", "last_s", "limit", "loading", "wakes", "woke_at")
 
-    def __init__(self, clock: Clock, *, limit: int, wake: Callable[[], None]) -> None:
+    def __init__(
+        self, clock: Clock, *, limit: int, wake: Callable[[], None], loading: bool = False
+    ) -> None:
         self.clock = clock
+        # A pooled version (docs/density.md): waking is loading the model into a pool
+        # process, and its defaults say ``loading`` instead of ``cold_start``.
+        self.loading = loading
         self.limit = limit
         self._wake = wake
         self.woke_at: float | None = None  # when the wake under way began (None: none)
@@ -51,15 +56,16 @@ class ColdStart:
             self.woke_at = now
             self.wakes += 1
         self._wake()
+        what = "loading into a pool process" if self.loading else "starting from zero replicas"
         if queued + n > self.limit:
             return (
-                f"the model is starting from zero replicas and {queued} inputs already wait "
+                f"the model is {what} and {queued} inputs already wait "
                 f"for it (at most {self.limit} are held)"
             )
         expected = self.expected_s()
         if expected is not None and expected > remaining_s:
             return (
-                f"the model is starting from zero replicas: about {expected * 1e3:.0f} ms "
+                f"the model is {what}: about {expected * 1e3:.0f} ms "
                 f"more, past the query's deadline ({remaining_s * 1e3:.0f} ms left)"
             )
         return None
@@ -79,6 +85,11 @@ class ColdStart:
 
     def explain(self, model: str) -> str:
         """Why a held query got the default at its deadline."""
+        if self.loading:
+            return (
+                f"model {model} is not loaded in a pool process: its load did not end within "
+                "the query's latency SLO"
+            )
         waited = "" if self.woke_at is None else (
             f" (waking for {(self.clock.now() - self.woke_at) * 1e3:.0f} ms)"
         )  # fmt: skip

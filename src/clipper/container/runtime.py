@@ -44,7 +44,8 @@ no batch comes), answers the batches it already holds, and exits; ``--drain-time
 that. A second signal exits at once. Readiness (``--ready-file``, ``--ready-port``) and the log
 lines about an unreachable or refusing frontend are :mod:`clipper.container.presence`;
 ``--fetch-artifact`` (the model from the frontend instead of ``--model-path``) is
-:mod:`clipper.container.fetch`.
+:mod:`clipper.container.fetch`; ``--pool`` (many models in one process, loaded on demand) is
+:mod:`clipper.container.pool`.
 
 Authentication: a frontend with RPC authentication on (the default) accepts only containers that
 hold its deployment's CURVE keys: ``--rpc-keys DIR`` (or ``CLIPPER_RPC_KEYS``) names a directory
@@ -101,7 +102,15 @@ from clipper.rpc.wire import (
     json_default,
 )
 
-__all__ = ["ERROR_KEY", "RepeatedErrors", "decode_inputs", "load_model", "main", "serve"]
+__all__ = [
+    "ERROR_KEY",
+    "RepeatedErrors",
+    "decode_inputs",
+    "load_model",
+    "main",
+    "serve",
+    "start_process",
+]
 
 ERROR_KEY = "__clipper_error__"
 
@@ -798,6 +807,22 @@ class _Prefixed(logging.LoggerAdapter[logging.Logger]):
         return f"{prefix} {msg}", kwargs
 
 
+def start_process(rpc_keys: str | None) -> tuple[bool, ClientKeys | None]:
+    """A container process's start: its log on stderr, and the CURVE keys of ``--rpc-keys``
+    (None: none given); False when they cannot be read (said on stderr: the process exits 2)."""
+    try:
+        keys = load_client_keys(Path(rpc_keys)) if rpc_keys else None
+    except ConfigError as e:
+        print(f"error: --rpc-keys: {e}", file=sys.stderr)
+        return False, None
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    return True, keys
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -816,16 +841,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: --input-type: {e}", file=sys.stderr)
         return 2
-    try:
-        keys = load_client_keys(Path(args.rpc_keys)) if args.rpc_keys else None
-    except ConfigError as e:
-        print(f"error: --rpc-keys: {e}", file=sys.stderr)
+    ok, keys = start_process(args.rpc_keys)
+    if not ok:
         return 2
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     stop = threading.Event()
     leave = threading.Event()
 

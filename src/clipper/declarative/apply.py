@@ -157,5 +157,5 @@ def _deploy(v: VersionSpec, client: Client, prepared: dict[tuple[str, str], Prep
     client.deploy_model(
         v.model, v.version, artifact=p.path, input_type=v.input_type.readable,
         num_replicas=v.replicas, batching=v.batching, source_sha256=p.source_sha256,
-        labels=v.labels,
+        labels=v.labels, pooled=v.pooled,
     )  # fmt: skip

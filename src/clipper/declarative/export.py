@@ -146,6 +146,8 @@ def _version(model: str, v: dict[str, Any], typed: bool, refused: list[str]) -> 
             out["container_name"] = v["container_name"]
     if v.get("labels"):
         out["labels"] = list(v["labels"])
+    if v.get("pooled"):
+        out["pooled"] = True
     batching = {
         k: canonical(val) for k, val in v["batching"].items() if val != _BATCHING_DEFAULTS.get(k)
     }

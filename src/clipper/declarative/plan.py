@@ -353,6 +353,8 @@ class _Planner:
             differs.append(f"labels {have.get('labels')} -> {list(v.labels)}")
         if have.get("batching") != v.batching.to_dict():
             differs.append("batching")
+        if bool(have.get("pooled", False)) != v.pooled:
+            differs.append(f"pooled {bool(have.get('pooled', False))} -> {v.pooled}")
         if (have.get("artifact") is None) != (v.artifact is None):
             differs.append("artifact" if v.artifact else "container (no artifact)")
         elif v.artifact is not None:

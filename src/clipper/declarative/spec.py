@@ -94,7 +94,7 @@ _APP_KEYS = (*APP_REQUIRED.values(), *APP_DEFAULTS, "pipeline", "models")
 _MODEL_KEYS = ("name", "input_type", "current", "split", "sticky", "shadow", "versions")
 _VERSION_KEYS = (
     "version", "artifact", "replicas", "batching", "labels", "input_type", "container_name",
-    "source_sha256", "autoscale",
+    "source_sha256", "autoscale", "pooled",
 )  # fmt: skip
 # The autoscaling settings a file gives (owner is the frontend that applies them).
 AUTOSCALE_DEFAULTS: dict[str, Any] = AutoscaleConfig().to_record()
@@ -131,6 +131,8 @@ class VersionSpec:
     source_sha256: str | None = None
     # Autoscaling (None: replicas as given); while enabled the autoscaler owns the count.
     autoscale: AutoscaleConfig | None = None
+    # Served from a pool process, loaded on demand (docs/density.md).
+    pooled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +431,9 @@ def _version(
         r.fail((*path, "labels"), f"expected a list of strings, got {_kind(labels)}")
         labels = []
     autoscale = _autoscale(r, doc.get("autoscale"), (*path, "autoscale"))
+    if doc.get("pooled") is True and autoscale is None:
+        # As the frontend deploys a pooled version: from zero, at most one (docs/density.md).
+        autoscale = AutoscaleConfig(min_replicas=0, max_replicas=1)
     # An autoscaled version starts at its minimum; the autoscaler moves it from there.
     start = autoscale.min_replicas if autoscale is not None and autoscale.enabled else 1
     replicas = doc.get("replicas", start)
@@ -467,11 +472,14 @@ def _version(
         )
         source_sha256 = None
     batching = _batching(r, doc.get("batching"), (*path, "batching"))
+    pooled = r.typed(doc, "pooled", path, bool, False)
+    if pooled and artifact is None:
+        r.fail((*path, "pooled"), "a pool process loads the model from its artifact: give one")
     if model is None or version is None or itype is None or batching is None:
         return None
     return VersionSpec(
         path, model, version, itype, tuple(labels), artifact, container, batching, replicas,
-        source_sha256, autoscale,
+        source_sha256, autoscale, pooled,
     )  # fmt: skip
 
 

@@ -432,6 +432,11 @@ class AdminApi:
         }
         if mv.autoscale is not None and self.autoscaler is not None:  # docs/autoscaling.md
             doc["autoscale"] = self.autoscaler.view(mv)
+        if mv.pooled:  # docs/density.md; absent otherwise (the original's bodies unchanged)
+            doc["pooled"] = True
+            pool = getattr(self.manager, "pool_view", None)
+            if callable(pool):
+                doc["pool"] = pool(mv.name, mv.version)
         return doc
 
     def _versions(self) -> list[ModelVersion]:
@@ -485,6 +490,7 @@ class AdminApi:
             artifact=artifact,
             batching=batching or BatchingConfig(),
             num_replicas=n,
+            pooled=bool_field(doc, "pooled", False),
         )
         # A no-op when exactly this is deployed already; "already exists" when another is.
         await self.operations.deploy(mv)
@@ -546,6 +552,9 @@ class AdminApi:
                 raise OperationError('labels must be a JSON list of strings, e.g. ["a", "b"]')
             for label in labels:
                 check_chars("label", label)
+        pooled = params.get("pooled", "false")
+        if pooled not in ("true", "false"):
+            raise OperationError(f"pooled must be true or false, got {pooled!r}")
         mv = ModelVersion(
             name=name,
             version=version,
@@ -553,6 +562,7 @@ class AdminApi:
             labels=tuple(labels),
             batching=batching or BatchingConfig(),
             num_replicas=n,
+            pooled=pooled == "true",
         )
         # Placed in the state directory, then deployed; the same upload again is a no-op.
         await self.operations.deploy_upload(mv, body, unpack=self._unpack, source_sha256=source)

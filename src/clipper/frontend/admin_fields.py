@@ -107,7 +107,8 @@ SCHEMAS: dict[str, str] = {
         '{"model_name" := string, "model_version" := string, "input_type" := '
         + _INPUT_TYPES
         + ', "artifact_path" := string, "num_replicas" := int (default 1), '
-        '"batching" := ' + _BATCHING + ' (optional), "labels" := [string] (optional)}'
+        '"batching" := ' + _BATCHING + ' (optional), "labels" := [string] (optional), '
+        '"pooled" := bool (optional: served from a pool process, docs/density.md)}'
     ),
     "stage_model": (
         '{"model_name" := string, "model_version" := string, "input_type" := '
@@ -117,7 +118,8 @@ SCHEMAS: dict[str, str] = {
     ),
     "upload_model": (
         "POST /admin/upload_model?name=<model>&version=<version>&input_type=<type>"
-        "[&num_replicas=<int>][&batching=<JSON object>][&source_sha256=<hex>] with the body "
+        "[&num_replicas=<int>][&batching=<JSON object>][&source_sha256=<hex>][&pooled=true] "
+        "with the body "
         "a cloudpickle file or a gzipped tar of an artifact directory (clipper.deployers.package)"
     ),
     "set_num_replicas": (
@@ -382,7 +384,11 @@ FIELDS: dict[str, AdminRoute] = {
         (_s("app_name", True), _i("uid")), "An application's learned state", reply="text"
     ),
     "deploy_model": AdminRoute(
-        (*_DEPLOY, Field("labels", "strings")),
+        (
+            *_DEPLOY,
+            Field("labels", "strings"),
+            _b("pooled", doc="served from a shared pool process, loaded on demand (default false)"),
+        ),
         "Deploy a model version from an artifact and wait for its replicas",
         reply="json",
         change=True,
@@ -398,6 +404,7 @@ FIELDS: dict[str, AdminRoute] = {
             _s("num_replicas", doc="an integer, default 1"),
             _s("batching", doc="a JSON object: the batching settings"),
             _s("source_sha256", doc="the SHA-256 of the source the artifact was built from"),
+            _s("pooled", doc="true: served from a pool process (docs/density.md); default false"),
         ),
         "Deploy a model version from an uploaded file (cloudpickle or a gzipped tar)",
         reply="json",

@@ -125,6 +125,11 @@ class ManagerContext:
     # manager that moves a replica waits for its replacement to connect before it drains the
     # old one). None: the manager cannot tell.
     connected: Callable[[str], bool] | None = None
+    # The local manager's pool processes for pooled versions (docs/density.md), and what it
+    # calls when one of them unloads a model by itself (evicted, or its process died).
+    pool_processes: int = 0
+    pool_memory_mb: int = 512
+    on_unloaded: Callable[[str, str, str], None] | None = None
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
@@ -145,6 +150,9 @@ def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
         log_max_bytes=ctx.log_max_bytes,
         rpc_keys=ctx.rpc_keys,
         shared=ctx.shared,
+        pool_processes=ctx.pool_processes,
+        pool_memory_mb=ctx.pool_memory_mb,
+        on_unloaded=ctx.on_unloaded,
     )
 
 

@@ -34,6 +34,15 @@ from typing import Any
 
 from clipper.clock import Clock, sleep, wait_for
 from clipper.errors import ReplicaError
+from clipper.managers.pool import ModelPool, OnUnloaded, PooledReplica
+from clipper.managers.replica_log import (
+    BACKOFF_START,
+    LOG_MAX_BYTES,
+    RotatingLog,
+    copy_log,
+    finish_copy,
+    next_backoff,
+)
 from clipper.managers.shared import SharedReplicas
 from clipper.registry import ModelVersion
 from clipper.store.base import StoreError
@@ -43,16 +52,9 @@ __all__ = ["LOG_MAX_BYTES", "LocalManager", "ReplicaProcess", "RotatingLog"]
 
 log = logging.getLogger("clipper.manager")
 
-_BACKOFF_START = 0.1
-_BACKOFF_MAX = 5.0
-_STABLE_AFTER = 10.0
 _STOP_GRACE = 3.0
 # A retired replica drains every link (bounded by its drain timeout) and exits within this.
 _RETIRE_WAIT_S = 8.0
-# A replica's log (its stdout and stderr) rotates past this size, keeping one previous file
-# (<log>.1): at most about twice this on disk per replica slot, however much a model prints.
-LOG_MAX_BYTES = 10 * 2**20
-_PIPE_CHUNK = 64 * 1024
 
 OnExit = Callable[[str], None]
 Drain = Callable[[str], Awaitable[None]]
@@ -110,6 +112,9 @@ class LocalManager:
         log_max_bytes: int = LOG_MAX_BYTES,
         rpc_keys: Path | None = None,
         shared: SharedReplicas | None = None,
+        pool_processes: int = 0,
+        pool_memory_mb: int = 512,
+        on_unloaded: OnUnloaded | None = None,
     ) -> None:
         self.shared = shared
         self.host = socket.gethostname()
@@ -136,12 +141,38 @@ class LocalManager:
         # a caller cancelled meanwhile (the frontend stopping during a reconcile) must not
         # cut a stop short, and stop_all waits for them.
         self._stopping: set[asyncio.Task[None]] = set()
+        # Pooled versions' replicas, in shared pool processes (docs/density.md).
+        self.pool: ModelPool | None = None
+        if pool_processes:
+            self.pool = ModelPool(
+                processes=pool_processes,
+                memory_mb=pool_memory_mb,
+                command=self._pool_command,
+                env=self._env,
+                log_dir=state_dir / "logs",
+                clock=clock,
+                on_exit=on_exit,
+                on_unloaded=on_unloaded,
+                log_max_bytes=log_max_bytes,
+                run_id=self._run,
+            )
 
-    def replicas(self, name: str, version: str) -> list[ReplicaProcess]:
-        return list(self._groups.get((name, version), ()))
+    @property
+    def pools(self) -> bool:
+        """Whether pooled versions can run here (started with pool processes)."""
+        return self.pool is not None
 
-    def all_replicas(self) -> list[ReplicaProcess]:
-        return [p for group in self._groups.values() for p in group]
+    def pool_view(self, name: str, version: str) -> dict[str, Any] | None:
+        """A pooled version's place in the pool (the admin model view)."""
+        return None if self.pool is None else self.pool.view(name, version)
+
+    def replicas(self, name: str, version: str) -> list[ReplicaProcess | PooledReplica]:
+        pooled = [] if self.pool is None else self.pool.replicas(name, version)
+        return [*self._groups.get((name, version), ()), *pooled]
+
+    def all_replicas(self) -> list[ReplicaProcess | PooledReplica]:
+        pooled = [] if self.pool is None else self.pool.all_replicas()
+        return [*(p for group in self._groups.values() for p in group), *pooled]
 
     def logs(self, max_bytes: int) -> list[tuple[str, str]]:
         out = []
@@ -166,6 +197,9 @@ class LocalManager:
             slot = path.name[len(prefix) : -len(".log")]
             if slot.isdigit():
                 out[int(slot)] = path
+        if self.pool is not None:
+            for r in self.pool.replicas(name, version):  # a pooled version: its pool's log
+                out.setdefault(r.slot, r.log_path)
         return dict(sorted(out.items()))
 
     async def forget(self, name: str, version: str) -> None:
@@ -192,6 +226,14 @@ class LocalManager:
                 "started outside clipper-serve"
             )
         self._versions[mv.key] = mv
+        if mv.pooled:
+            if self.pool is None:
+                raise ReplicaError(
+                    f"model {mv.name}:{mv.version} is pooled, but this frontend runs no pool "
+                    "processes (clipper start --pool-processes N)"
+                )
+            await self.pool.ensure(mv, min(replicas, 1))
+            return
         group = self._groups.setdefault(mv.key, [])
         while len(group) < replicas:
             # The lowest free slot: adopted slots need not be 0..n-1.
@@ -221,7 +263,8 @@ class LocalManager:
     async def stop_all(self) -> None:
         groups = list(self._groups.values())
         self._groups.clear()
-        await asyncio.gather(*(self._stop(p) for group in groups for p in group))
+        pool = [] if self.pool is None else [self.pool.stop_all()]
+        await asyncio.gather(*(self._stop(p) for group in groups for p in group), *pool)
         await asyncio.gather(*self._stopping, return_exceptions=True)
 
     def detach(self) -> None:
@@ -423,6 +466,20 @@ class LocalManager:
             *tail,
         ]  # fmt: skip
 
+    def _pool_command(self, index: int) -> list[str]:
+        keys = ["--rpc-keys", str(self.rpc_keys)] if self.rpc_keys is not None else []
+        assert self.pool is not None
+        return [
+            self.python, "-m", "clipper.container", "--pool",
+            "--memory-budget-mb", str(self.pool.memory_mb),
+            "--ip", self._rpc_host(),
+            "--port", str(self._rpc_port()),
+            "--heartbeat-interval", str(self.heartbeat_interval_s),
+            "--parent-pid", str(os.getpid()),
+            "--nice", str(self.nice),
+            *keys,
+        ]  # fmt: skip
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         # The container must import the same clipper as we run, installed or not.
@@ -435,7 +492,7 @@ class LocalManager:
         if self.shared is not None:
             await self._supervise_shared(mv, proc)
             return
-        backoff = _BACKOFF_START
+        backoff = BACKOFF_START
         while True:
             self._generation += 1
             proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
@@ -450,17 +507,17 @@ class LocalManager:
             )
             assert child.stdout is not None
             copier = asyncio.create_task(
-                _copy_log(child.stdout, RotatingLog(proc.log_path, self.log_max_bytes))
+                copy_log(child.stdout, RotatingLog(proc.log_path, self.log_max_bytes))
             )
             proc.pid = child.pid
             try:
                 code = await child.wait()
             except asyncio.CancelledError:
                 await _terminate(child, self.clock)
-                await _finish_copy(copier, self.clock)
+                await finish_copy(copier, self.clock)
                 proc.pid = None
                 raise
-            await _finish_copy(copier, self.clock)
+            await finish_copy(copier, self.clock)
             next_backoff = await self._exited(mv, proc, code, started, backoff)
             if next_backoff is None:
                 return
@@ -470,7 +527,7 @@ class LocalManager:
         """As :meth:`_supervise`, for a replica that must outlive this frontend: its own
         session, its log written by itself (unrotated while it runs), its record in the store;
         a cancel of a detached slot leaves it running."""
-        backoff = _BACKOFF_START
+        backoff = BACKOFF_START
         while True:
             self._generation += 1
             proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
@@ -521,14 +578,13 @@ class LocalManager:
         if proc.stopping:
             return None
         proc.restarts += 1
-        if self.clock.now() - started > _STABLE_AFTER:
-            backoff = _BACKOFF_START
+        wait, after = next_backoff(backoff, self.clock.now() - started)
         log.warning(
             "replica %s of %s:%s exited with %s; restarting in %.1f s (log: %s)",
-            proc.slot, mv.name, mv.version, code, backoff, proc.log_path,
+            proc.slot, mv.name, mv.version, code, wait, proc.log_path,
         )  # fmt: skip
-        await sleep(self.clock, backoff)
-        return min(backoff * 2, _BACKOFF_MAX)
+        await sleep(self.clock, wait)
+        return after
 
 
 def _open_log(path: Path, max_bytes: int) -> Any:
@@ -598,46 +654,3 @@ async def _terminate(child: asyncio.subprocess.Process, clock: Clock) -> None:
         with contextlib.suppress(ProcessLookupError):
             child.kill()
         await child.wait()
-
-
-class RotatingLog:
-    """A log file capped in size: past ``max_bytes`` it becomes ``<path>.1`` (replacing the
-    previous one) and a new file starts. :meth:`write` blocks on the disk: call it in a
-    thread."""
-
-    def __init__(self, path: Path, max_bytes: int) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-
-    def write(self, data: bytes) -> None:
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        if size and size + len(data) > self.max_bytes:
-            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-        with self.path.open("ab") as f:
-            f.write(data)
-
-
-async def _copy_log(stream: asyncio.StreamReader, log_file: RotatingLog) -> None:
-    """The child's output into its log until EOF; the disk writes run in a thread, so a
-    replica printing fast never holds the event loop."""
-    while chunk := await stream.read(_PIPE_CHUNK):
-        try:
-            await asyncio.to_thread(log_file.write, chunk)
-        except OSError as e:  # a full disk must not stop the replica: it would block on the pipe
-            log.warning("cannot write replica log %s: %s", log_file.path, e)
-
-
-async def _finish_copy(copier: asyncio.Task[None], clock: Clock) -> None:
-    """Let the copy reach EOF (a grandchild holding the pipe open gets a second), then stop."""
-    try:
-        await wait_for(clock, asyncio.shield(copier), 1.0)
-    except TimeoutError:
-        copier.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await copier
-    except asyncio.CancelledError:
-        copier.cancel()  # our own task is being cancelled: stop the copy too, and go
-        raise

@@ -53,6 +53,7 @@ class DefaultReason(enum.StrEnum):
     NO_MODEL = "no_model"
     NO_REPLICA = "no_replica"
     COLD_START = "cold_start"  # scaled to zero: its replica did not start in time
+    LOADING = "loading"  # pooled and unloaded: not loaded into a pool process in time
     SLO = "slo"
     OVERLOAD = "overload"
     MODEL_ERROR = "model_error"

@@ -158,7 +158,8 @@ class _Query(Abandonable, PendingQuery):
         sched = self.sched
         if sched is not None and not sched.replicas:
             if sched.cold is not None:
-                return DefaultReason.COLD_START, sched.cold.explain(f"{self.model}:{self.version}")
+                reason = DefaultReason.LOADING if sched.cold.loading else DefaultReason.COLD_START
+                return reason, sched.cold.explain(f"{self.model}:{self.version}")
             return DefaultReason.NO_REPLICA, (
                 f"No replica of model {self.model}:{self.version} is alive: the replica "
                 "holding this query failed or left before answering"
@@ -260,7 +261,9 @@ class SingleRunner:
             why = sched.cold.hold(len(sched.queue), q.n, left)
             if why is not None:
                 sched.offered += q.n  # load all the same: the autoscaler's sample wakes it too
-                q.all_default(DefaultReason.COLD_START, why)
+                # A pooled version loads into a pool process: "loading" (docs/density.md).
+                reason = DefaultReason.LOADING if sched.cold.loading else DefaultReason.COLD_START
+                q.all_default(reason, why)
                 return
         cause = self._behind(t0, q.deadline - app.answer_margin_s, sched, rank)
         if cause is not None:

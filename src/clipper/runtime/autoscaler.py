@@ -222,6 +222,7 @@ class Autoscaler:
         self._due: dict[Key, float] = {}
         self._last: dict[Key, LastDecision] = {}
         self._actions: dict[Key, asyncio.Task[None]] = {}
+        self._unloaded: dict[Key, str] = {}  # unloads reported while a decision was under way
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -372,7 +373,24 @@ class Autoscaler:
             policy = self._policies.get(key)
             if policy is not None:
                 policy.restart(self.clock.now())
+            self._after(mv, decision)
             self._wake.set()
+
+    def _after(self, mv: ModelVersion, decision: Decision) -> None:
+        """A pooled version's decision is over: an unload reported meanwhile is counted now;
+        one unloaded while queries were held for it is loaded again at once."""
+        key = mv.key
+        why = self._unloaded.pop(key, None)
+        if not mv.pooled:
+            return
+        sched = self.catalog.scheduler(*key)
+        if why is not None and decision.replicas:
+            # The load waited for its replica: one connected now means the report was of
+            # the model's earlier load, and this one stands.
+            if sched is None or not sched.replicas:
+                self.unloaded(key, why)
+        elif not decision.replicas and sched is not None and len(sched.queue):
+            self.wake(key)
 
     # -- scale to zero -------------------------------------------------------------------------
     def _attach_cold(self, versions: list[ModelVersion]) -> None:
@@ -387,9 +405,12 @@ class Autoscaler:
                 sched.cold = None
             elif sched.cold is None:
                 wake = functools.partial(self.wake, mv.key)
-                sched.cold = ColdStart(self.clock, limit=cfg.max_held_queries, wake=wake)
+                sched.cold = ColdStart(
+                    self.clock, limit=cfg.max_held_queries, wake=wake, loading=mv.pooled
+                )
             else:
                 sched.cold.limit = cfg.max_held_queries
+                sched.cold.loading = mv.pooled
 
     def wake(self, key: Key) -> None:
         """A query found the version with no replica: scale it from zero to one now, when this
@@ -404,6 +425,20 @@ class Autoscaler:
         self._carry_out(mv, Decision(target, "cold_start", "a query came with no replica"),
                         self.clock.now())  # fmt: skip
 
+    def unloaded(self, key: Key, why: str) -> None:
+        """A pooled version left its pool process by itself (evicted for room, or the
+        process died): count it at zero replicas, so the next query loads it again."""
+        mv = self.registry.models.get(key[0], {}).get(key[1])
+        if mv is None or not mv.pooled or not self.drives(mv):
+            return
+        if key in self._actions:
+            self._unloaded[key] = why  # after the decision under way (a load: to one)
+            return
+        if not mv.num_replicas:
+            return
+        self._carry_out(mv, Decision(0, "unloaded", f"unloaded from its pool process: {why}"),
+                        self.clock.now())  # fmt: skip
+
     def state(self, mv: ModelVersion) -> str:
         """``scaled to zero``, ``waking from zero`` (a query woke it; no replica yet) or
         ``running``: what the status and readiness say of a version."""
@@ -414,6 +449,7 @@ class Autoscaler:
         return "scaled to zero" if mv.num_replicas == 0 else "waking from zero"
 
     def _forget(self, key: Key) -> None:
+        self._unloaded.pop(key, None)
         self._policies.pop(key, None)
         self._due.pop(key, None)
         self._last.pop(key, None)

@@ -131,6 +131,7 @@ class Control:
         """Register ``mv`` and start its replicas; with ``set_current``, switch traffic to it
         once they are all connected. Undone if they do not connect; a retry of a deploy that
         completed is a no-op."""
+        mv = self.pooled(mv)
         if self.is_same_deploy(mv, set_current=set_current):
             return mv
         if not set_current:
@@ -154,6 +155,26 @@ class Control:
             raise
         await self._finish(intent, set_current=set_current, retire_previous=retire_previous)
         return mv
+
+    def pooled(self, mv: ModelVersion) -> ModelVersion:
+        """A pooled version as it is deployed (docs/density.md): one replica at most, loaded
+        into a pool process on demand, autoscaled from zero (idle: unloaded; a query loads it);
+        refused where no pool runs it."""
+        if not mv.pooled:
+            return mv
+        if not getattr(self.manager, "pools", False):
+            raise RegistryError(
+                f"model {mv.name}:{mv.version} is pooled, and pooled models need the local "
+                "manager started with pool processes (clipper start --pool-processes N)"
+            )
+        if mv.artifact is None:
+            raise RegistryError(
+                f"model {mv.name}:{mv.version} is pooled but has no artifact: a pool process "
+                "loads the model from its artifact"
+            )
+        cfg = mv.autoscale or AutoscaleConfig(min_replicas=0, max_replicas=1, owner=self.node_id)
+        _check_pooled_autoscale(mv, cfg)
+        return replace(mv, autoscale=cfg, num_replicas=min(mv.num_replicas, 1))
 
     async def set_version(
         self,
@@ -280,6 +301,8 @@ class Control:
 
         def configure(d: Registry) -> ModelVersion:
             mv = d.get_model(name, key)
+            if mv.pooled:
+                _check_pooled_autoscale(mv, config)
             if mv.artifact is None and config.enabled:
                 raise RegistryError(
                     f"model {name}:{key} has no artifact for clipper-serve to run (its "
@@ -407,3 +430,13 @@ class Control:
             # Woken by a replica connecting; the timeout also re-checks failed processes.
             await wait_event(self.clock, event, min(remaining, 0.5))
             event.clear()
+
+
+def _check_pooled_autoscale(mv: ModelVersion, cfg: AutoscaleConfig) -> None:
+    if not cfg.enabled or cfg.min_replicas != 0 or cfg.max_replicas != 1:
+        raise RegistryError(
+            f"model {mv.name}:{mv.version} is pooled: its autoscaling must stay enabled with "
+            f"min_replicas 0 and max_replicas 1 (loaded on demand, unloaded when idle), got "
+            f"enabled={cfg.enabled}, min_replicas={cfg.min_replicas}, "
+            f"max_replicas={cfg.max_replicas}"
+        )

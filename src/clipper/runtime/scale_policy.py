@@ -78,7 +78,7 @@ class Sample:
 class Decision:
     replicas: int
     # "utilization", "shedding", "quiet", "idle" (to zero), "cold_start" (from zero),
-    # "min_replicas" or "max_replicas"
+    # "min_replicas", "max_replicas" or "unloaded" (a pooled version left its pool process)
     reason: str
     detail: str  # for people: the figures behind it
 
