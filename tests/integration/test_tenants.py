@@ -1,13 +1,15 @@
 """Tenants end to end, with a real ``clipper start`` frontend and a model in its own container
 process: keys made through the admin API, a tenant over its quota answered 429 with
-``Retry-After`` and the RateLimit header fields (REST and V2 REST) while another tenant's
-queries all succeed, an application that requires a key, and a critical tenant's predictions
+``Retry-After`` and the RateLimit header fields (REST and V2 REST; over V2 gRPC on both
+transports, RESOURCE_EXHAUSTED with them as trailing metadata) while another tenant's queries
+all succeed, an application that requires a key, and a critical tenant's predictions
 under a sheddable tenant's flood (docs/tenants.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import struct
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from clipper.errors import RequestError
 from tests.integration import models
 from tests.integration.frontend_process import FrontendProcess
 from tests.integration.helpers import Response, request
+from tests.integration.redis_server import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -265,3 +268,73 @@ async def test_the_cli_and_the_client_manage_tenants_and_send_keys(
     code, _, err = await _cli(fe, "tenant", "delete", "t")
     assert code == 0, err
     assert await asyncio.to_thread(Client(fe.admin_url, fe.query_url).list_tenants) == []
+
+
+class GrpcTenantFrontend(TenantFrontend):
+    """The same frontend with its V2 gRPC port open, on one transport."""
+
+    def __init__(self, state_dir: Path, transport: str) -> None:
+        super().__init__(state_dir)
+        self.transport = transport
+        self.grpc_port = free_port()
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        at = cmd.index("--grpc-port")
+        cmd[at + 1] = str(self.grpc_port)
+        return [*cmd, "--grpc-transport", self.transport]
+
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+async def test_over_grpc_a_tenant_over_its_quota_gets_resource_exhausted_with_retry_metadata(
+    tmp_path: Path, transport: str
+) -> None:
+    import grpc
+
+    from clipper.frontend.grpc import inference_pb2 as pb
+    from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
+
+    fe = GrpcTenantFrontend(tmp_path / "state", transport)
+    await fe.start()
+    try:
+        await _serve(fe, tmp_path, "g", models.steady_sums, slo_micros=5_000_000, batch=8)
+        await fe.admin_ok(
+            "add_tenant", {"name": "noisy", "quotas": {"g": {"rate": 0.1, "burst": 2}}}
+        )
+        await fe.admin_ok("add_tenant", {"name": "calm", "priority": "critical"})
+        noisy, calm = await _key(fe, "noisy"), await _key(fe, "calm")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{fe.grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+
+            async def infer(metadata: tuple[tuple[str, str], ...]) -> Any:
+                request = pb.ModelInferRequest(model_name="g")
+                request.inputs.add(name="input", datatype="FP64", shape=[1, 2])
+                request.raw_input_contents.append(struct.pack("<2d", 1.0, 2.0))
+                return await stub.ModelInfer(request, metadata=metadata, timeout=30)
+
+            for _ in range(2):  # the burst
+                await infer((("x-api-key", noisy),))
+            refusals = []
+            for _ in range(5):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await infer((("authorization", f"Bearer {noisy}"),))
+                refusals.append(err.value)
+                # The other tenant, between the refusals: every call answered by the model.
+                ok = await infer((("x-api-key", calm), ("x-priority", "critical")))
+                assert struct.unpack("<d", ok.raw_output_contents[0])[0] == 3.0
+            first = refusals[0]
+            assert first.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "tenant 'noisy' is over its quota" in (first.details() or "")
+            trailing = dict(first.trailing_metadata() or ())
+            assert 1 <= int(trailing["retry-after"]) <= 10, trailing
+            assert trailing["ratelimit-policy"] == '"app.g";q=2;w=20', trailing
+            assert trailing["ratelimit"].startswith('"app.g";r=0;t='), trailing
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await infer((("x-api-key", "ck_not-a-key"),))
+            assert unknown.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "www-authenticate" in dict(unknown.value.trailing_metadata() or ())
+        metrics = (await request(f"{fe.query_url}/metrics", limit_s=10)).body.decode()
+        assert 'clipper_tenant_refused_total{reason="quota",tenant="noisy"} 5.0' in metrics
+        assert 'clipper_tenant_admitted_total{class="critical",tenant="calm"} 5.0' in metrics
+    finally:
+        fe.cleanup()

@@ -742,3 +742,14 @@ def test_a_goaway_half_closes_and_lingers_before_the_close() -> None:
     conn.data_received(b"more")  # discarded
     clock.advance(GOAWAY_LINGER_S)
     assert transport.closed and not transport.data
+
+
+def test_an_errors_header_lines_become_lower_case_trailing_metadata() -> None:
+    from clipper.frontend.grpc.hpack_blocks import error_block, error_metadata
+
+    extra = b'Retry-After: 3\r\nRateLimit-Policy: "all";q=2;w=20\r\n'
+    metadata = error_metadata(extra)
+    assert metadata == [(b"retry-after", b"3"), (b"ratelimit-policy", b'"all";q=2;w=20')]
+    headers = dict(hpack.Decoder().decode(error_block(8, "over", metadata), raw=True))
+    assert headers[b"grpc-status"] == b"8" and headers[b"retry-after"] == b"3"
+    assert error_metadata(b"") == []

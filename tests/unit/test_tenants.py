@@ -4,6 +4,7 @@ order in which admission sheds the classes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from clipper.batching.queue import ModelQueue, Task
 from clipper.clock import FakeClock
-from clipper.errors import OverloadedError, RegistryError, RequestError
+from clipper.errors import BadInputError, OverloadedError, RegistryError, RequestError
 from clipper.metrics import Metrics, counter_values
 from clipper.persistence import diff_registries
 from clipper.registry import Registry
@@ -389,3 +390,33 @@ def test_the_class_reaches_the_seam_for_single_and_selection_applications(
             application, payloads, None, uid, Answers(f.clock), f.clock.now(), None, rank
         )
     assert ranks == [SHEDDABLE, CRITICAL]
+
+
+def test_shed_inputs_are_counted_for_the_tenant_on_every_protocol() -> None:
+    from clipper.frontend.grpc.server import _Pending
+    from clipper.frontend.tenant_sheds import count_answer, count_failure
+    from clipper.query.prediction import DefaultReason, Prediction, QueryRejected
+
+    t, key = _tenant("t", cls=SHEDDABLE)
+    gate, _, metrics = _gate(t)
+    admitted = gate.admit(key, "a", False, None)
+    answers = [
+        Prediction(1, "-1", DefaultReason.OVERLOAD),
+        Prediction(2, "-1", DefaultReason.SLO),
+        Prediction(3, 2.0),
+    ]
+    count_answer(gate, admitted, answers)
+    count_answer(gate, None, answers)  # not past the gate: nothing to count
+    count_failure(gate, admitted, BadInputError("not a shed"))
+    assert counter_values(metrics.tenant_shed) == {("t", "sheddable"): 2.0}
+    # A gRPC call that the application answers with 503 rather than defaults: one shed.
+    loop = asyncio.new_event_loop()
+    try:
+        reply = _Pending(loop.create_future())
+        reply.admitted, reply.gate = admitted, gate
+        rejected = QueryRejected("shed under overload")
+        reply.fail(rejected)
+        assert reply.future.result() is rejected
+    finally:
+        loop.close()
+    assert counter_values(metrics.tenant_shed) == {("t", "sheddable"): 3.0}

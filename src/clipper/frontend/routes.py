@@ -32,11 +32,10 @@ from clipper.frontend.http import (
 from clipper.frontend.model_failure import model_failure
 from clipper.frontend.openapi import admin_document, document_bytes, query_document
 from clipper.frontend.parse_pool import OFFLOAD_BYTES, ParsePool
+from clipper.frontend.tenant_sheds import count_answer, count_failure
 from clipper.query.prediction import (
     CancellableReply,
-    DefaultReason,
     Prediction,
-    QueryRejected,
     answer_failed,
 )
 from clipper.query.runtime import QueryServices
@@ -128,10 +127,7 @@ class RestReply(CancellableReply):
         self.gate: TenantGate | None = None
 
     def answer(self, predictions: list[Prediction]) -> None:
-        if self.admitted is not None and self.gate is not None:
-            shed = sum(1 for p in predictions if p.reason in _SHED)
-            if shed:
-                self.gate.shed(self.admitted, shed)
+        count_answer(self.gate, self.admitted, predictions)
         if self.apps is not None:
             failed = model_failure(self.apps.get(self.app), predictions, errors_by_default=False)
             if failed is not None:
@@ -149,13 +145,8 @@ class RestReply(CancellableReply):
         self.respond(200, b"Feedback received? 1", _TEXT)
 
     def fail(self, err: RequestError) -> None:
-        if self.admitted is not None and self.gate is not None and isinstance(err, QueryRejected):
-            self.gate.shed(self.admitted, 1)
+        count_failure(self.gate, self.admitted, err)
         self.respond(err.status, error_body(err), JSON)
-
-
-# Default reasons that mean a query was shed: refused at admission, or late out of its queue.
-_SHED = frozenset((DefaultReason.OVERLOAD, DefaultReason.SLO))
 
 
 class _TracedRestReply(request_trace.TracedReply, RestReply):

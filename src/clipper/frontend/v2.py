@@ -27,6 +27,7 @@ from clipper.frontend.fast_input import PRECHECK_BYTES, ItemCounter
 from clipper.frontend.http import JSON, Respond, is_owed, watch_client
 from clipper.frontend.model_failure import model_failure
 from clipper.frontend.parse_pool import OFFLOAD_BYTES, ParsePool
+from clipper.frontend.tenant_sheds import count_answer, count_failure
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
     InferRequest,
@@ -50,6 +51,7 @@ from clipper.version import __version__
 if TYPE_CHECKING:
     from clipper.query.runtime import QueryServices
     from clipper.registry import Application
+    from clipper.tenants import Admitted, TenantGate
 
 __all__ = [
     "SERVER_NAME",
@@ -157,15 +159,13 @@ def _route(  # noqa: PLR0917
             return
         if method == b"POST" and rest == ["infer"]:
             app = find_app(svc.catalog.registry, name)
-            rank = STANDARD
+            admitted = None
             if svc.tenants is not None:  # before the parse and the queue (docs/tenants.md)
                 admitted = svc.tenants.judge(headers, app.name, app.require_key)
-                if admitted is not None:
-                    rank = admitted.priority
             if pool is not None and len(body) > OFFLOAD_BYTES:
-                _infer_large(pool, svc, app, version, headers, body, respond, t0, rank)
+                _infer_large(pool, svc, app, version, headers, body, respond, t0, admitted)
                 return
-            _infer(svc, app, version, headers, body, respond, t0, rank)
+            _infer(svc, app, version, headers, body, respond, t0, admitted)
             return
     raise NotFoundError(
         f"no route for {method.decode()} {path}; the V2 API serves GET /v2, "
@@ -379,9 +379,10 @@ def _infer(  # noqa: PLR0917
     body: bytes,
     respond: Respond,
     t0: float | None = None,
-    rank: int = STANDARD,
+    admitted: Admitted | None = None,
 ) -> None:
     arrived = svc.clock.now() if t0 is None else t0
+    rank = STANDARD if admitted is None else admitted.priority
     tracer = _trace.active
     span = None
     if tracer is not None:
@@ -398,6 +399,7 @@ def _infer(  # noqa: PLR0917
         payloads = input_payloads(app, request.inputs, svc.max_items)
         model_version = resolve_version(svc.catalog.registry, app, version)
         reply = _V2Reply(respond, app, model_version, request)
+        reply.admitted, reply.gate = admitted, svc.tenants
         watch_client(respond, reply)  # a client that leaves first abandons the query
         svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s, rank)
         return
@@ -408,6 +410,7 @@ def _infer(  # noqa: PLR0917
         model_version = resolve_version(svc.catalog.registry, app, version)
         request_trace.parsed(tracer, span, arrived)
         traced = _TracedV2Reply(respond, app, model_version, request, span)
+        traced.admitted, traced.gate = admitted, svc.tenants
         watch_client(respond, traced)
         request_trace.run_traced(
             span,
@@ -435,11 +438,12 @@ def _infer_large(  # noqa: PLR0917
     body: bytes,
     respond: Respond,
     t0: float | None,
-    rank: int = STANDARD,
+    admitted: Admitted | None = None,
 ) -> None:
     """:func:`_infer` with the rows counted in the parse pool first (see
     :meth:`~clipper.frontend.routes.QueryRoutes._predict_large`)."""
     arrived = svc.clock.now() if t0 is None else t0
+    rank = STANDARD if admitted is None else admitted.priority
 
     def counted(_: None, err: BaseException | None) -> None:
         if not is_owed(respond):
@@ -460,6 +464,7 @@ def _infer_large(  # noqa: PLR0917
             )
             return
         reply = _V2Reply(respond, app, model_version, request)
+        reply.admitted, reply.gate = admitted, svc.tenants
         watch_client(respond, reply)
         svc.processor.predict(app, payloads, version, "", reply, arrived, request.slo_s, rank)
 
@@ -469,12 +474,15 @@ def _infer_large(  # noqa: PLR0917
 class _V2Reply(CancellableReply):
     """A REST infer request's :class:`~clipper.frontend.prediction.Reply`."""
 
-    __slots__ = ("app", "model", "request", "respond", "version")
+    __slots__ = ("admitted", "app", "gate", "model", "request", "respond", "version")
 
     def __init__(
         self, respond: Respond, app: Application, version: str, request: InferRequest
     ) -> None:
         super().__init__()
+        # A request past the tenant gate: its shed inputs are counted for its tenant.
+        self.admitted: Admitted | None = None
+        self.gate: TenantGate | None = None
         self.respond = respond
         self.app = app
         self.model = app.name
@@ -482,6 +490,7 @@ class _V2Reply(CancellableReply):
         self.request = request
 
     def answer(self, predictions: list[Prediction]) -> None:
+        count_answer(self.gate, self.admitted, predictions)
         failed = model_failure(self.app, predictions, errors_by_default=True)
         if failed is not None:  # a model raised: 500 with its message (docs/v2-protocol.md)
             self.fail(failed)
@@ -504,6 +513,7 @@ class _V2Reply(CancellableReply):
             )
 
     def fail(self, err: RequestError) -> None:
+        count_failure(self.gate, self.admitted, err)
         error_response(self.respond, err)
 
 

@@ -20,6 +20,7 @@ import asyncio
 import heapq
 import logging
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, cast
 
 import hpack
@@ -74,6 +75,7 @@ from clipper.frontend.grpc.hpack_blocks import (
     HeaderCache,
     HeaderLimitError,
     error_block,
+    error_metadata,
     header_block,
     table_size_update,
 )
@@ -174,9 +176,10 @@ class NativeReply(InferReply):
     def deliver(self, response: Any) -> None:
         self.conn.send_message(self.stream, response.SerializeToString())
 
-    def fail(self, err: RequestError) -> None:
+    def refuse(self, err: RequestError) -> None:
         code, message = error_status(err)
-        self.conn.send_error(self.stream, int(code.value[0]), message)
+        metadata = error_metadata(err.headers) if err.headers else ()
+        self.conn.send_error(self.stream, int(code.value[0]), message, metadata)
         if self.span is not None:
             request_trace.failed(self.span, err)
 
@@ -392,12 +395,18 @@ class Connection(asyncio.Protocol):
         stream.pending = None
         self._release(stream)
 
-    def send_error(self, stream: Stream, code: int, message: str) -> None:
-        """A trailers-only response."""
+    def send_error(
+        self,
+        stream: Stream,
+        code: int,
+        message: str,
+        metadata: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """A trailers-only response (``metadata``: its trailing metadata)."""
         if stream.done or self.closed:
             return
         self._end(stream)
-        block = self._block(error_block(code, message))
+        block = self._block(error_block(code, message, metadata))
         self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, block))
 
     def _refuse(self, stream: Stream, code: int, message: str) -> None:

@@ -14,6 +14,8 @@ same blocks. See docs/security.md, "HTTP/2 (the gRPC port)".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import hpack
 
 from clipper.errors import ClipperError
@@ -29,6 +31,7 @@ __all__ = [
     "HeaderLimitError",
     "count_headers",
     "error_block",
+    "error_metadata",
     "header_block",
     "table_size_update",
 ]
@@ -92,11 +95,23 @@ def _percent(message: str) -> bytes:
 _OK_HEAD = header_block([(b":status", b"200"), (b"content-type", b"application/grpc")])
 
 
-def error_block(code: int, message: str) -> bytes:
-    """A trailers-only response's header block: an error and no message."""
+def error_block(code: int, message: str, metadata: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
+    """A trailers-only response's header block: an error and no message; ``metadata``: its
+    trailing metadata (a refused tenant's ``retry-after`` and RateLimit fields)."""
     return _OK_HEAD + header_block(
-        [(b"grpc-status", str(code).encode()), (b"grpc-message", _percent(message))]
+        [(b"grpc-status", str(code).encode()), (b"grpc-message", _percent(message)), *metadata]
     )
+
+
+def error_metadata(headers: bytes) -> list[tuple[bytes, bytes]]:
+    """An error's extra HTTP header lines (``Name: value\r\n``, :class:`RequestError`'s
+    ``headers``) as gRPC metadata: lower-case names, the same values."""
+    out: list[tuple[bytes, bytes]] = []
+    for line in headers.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if sep:
+            out.append((name.strip().lower(), value.strip()))
+    return out
 
 
 def _skip_int(block: bytes, pos: int, prefix: int) -> int:

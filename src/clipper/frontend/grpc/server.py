@@ -30,8 +30,9 @@ from clipper.errors import BadInputError, RequestError
 from clipper.frontend import request_trace, v2
 from clipper.frontend.grpc import inference_pb2 as pb
 from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
-from clipper.frontend.grpc.hpack_blocks import CALL_METADATA
+from clipper.frontend.grpc.hpack_blocks import CALL_METADATA, error_metadata
 from clipper.frontend.model_failure import model_failure
+from clipper.frontend.tenant_sheds import count_answer, count_failure
 from clipper.frontend.v2_request import (
     OUTPUT_NAME,
     InferRequest,
@@ -52,6 +53,7 @@ from clipper.tracing.tracer import Span, Tracer
 if TYPE_CHECKING:
     from clipper.query.runtime import QueryServices
     from clipper.registry import Application
+    from clipper.tenants import Admitted, TenantGate
 
 __all__ = [
     "InferReply",
@@ -171,7 +173,11 @@ def error_status(err: RequestError) -> tuple[grpc.StatusCode, str]:
 
 async def abort(context: Any, err: RequestError) -> NoReturn:
     """The gRPC error: every V2 gRPC error of the grpcio transport is rendered here."""
-    await context.abort(*error_status(err))  # raises
+    code, message = error_status(err)
+    if err.headers:  # a refused tenant's retry-after and RateLimit fields, as trailing metadata
+        metadata = tuple((k.decode(), v.decode()) for k, v in error_metadata(err.headers))
+        await context.abort(code, message, metadata)  # raises
+    await context.abort(code, message)  # raises
     raise AssertionError("unreachable")
 
 
@@ -182,11 +188,14 @@ class InferReply(CancellableReply):
     goes to :meth:`fail`. Each transport says how to deliver, and calls :meth:`client_gone`
     when the call is cancelled (its stream reset, its connection lost) before the answer."""
 
-    __slots__ = ("app", "infer", "model", "span", "version")
+    __slots__ = ("admitted", "app", "gate", "infer", "model", "span", "version")
 
     def __init__(self) -> None:
         super().__init__()
         self.span: Span | None = None  # a sampled call's server span (clipper.tracing)
+        # A call past the tenant gate: its shed inputs are counted for its tenant.
+        self.admitted: Admitted | None = None
+        self.gate: TenantGate | None = None
         self.model = ""
         self.version = ""
         self.infer: InferRequest | None = None
@@ -194,6 +203,7 @@ class InferReply(CancellableReply):
 
     def answer(self, predictions: list[Prediction]) -> None:
         assert self.infer is not None
+        count_answer(self.gate, self.admitted, predictions)
         failed = model_failure(self.app, predictions, errors_by_default=True)
         if failed is not None:  # a model raised: INTERNAL with its message
             self.fail(failed)
@@ -212,6 +222,11 @@ class InferReply(CancellableReply):
         raise NotImplementedError
 
     def fail(self, err: RequestError) -> None:
+        count_failure(self.gate, self.admitted, err)
+        self.refuse(err)
+
+    def refuse(self, err: RequestError) -> None:
+        """Answer the call with the error (each transport its way)."""
         raise NotImplementedError
 
 
@@ -276,6 +291,7 @@ def _submit(
             admitted = svc.tenants.judge(metadata or {}, app.name, app.require_key)
             if admitted is not None:
                 rank = admitted.priority
+                reply.admitted, reply.gate = admitted, svc.tenants
         infer = parse_infer(request)
         payloads = input_payloads(app, infer.inputs, svc.max_items)
         version = request.model_version or None
@@ -309,7 +325,7 @@ class _Pending(InferReply):
         if not self.future.done():
             self.future.set_result(response)
 
-    def fail(self, err: RequestError) -> None:
+    def refuse(self, err: RequestError) -> None:
         if not self.future.done():
             self.future.set_result(err)
         if self.span is not None:
