@@ -30,6 +30,7 @@ class FakeActors:
         self.actors: dict[str, str] = {}  # name -> node
         self.created: list[tuple[str, str | None]] = []
         self.killed: list[tuple[str, bool]] = []
+        self.hung: set[str] = set()  # nodes alive in the table whose actors never start
 
     def connect(self, address: str) -> None:
         pass
@@ -52,6 +53,9 @@ class FakeActors:
             node = self.actors.get(name)
             if node is None:
                 out.append(GONE)
+                continue
+            if node in self.hung:  # pending: its calls wait, the poll gets no answer
+                out.append(None)
                 continue
             out.append({
                 "actor_pid": 100 + len(name), "pid": 200, "token": f"{name}#1", "restarts": 0,
@@ -190,5 +194,36 @@ async def test_a_node_back_gets_one_replica_moved_once_settled_and_connected(
         assert nodes_of(mgr) == ["a", "b"]
         await mgr._poll_once()
         assert mgr._mover is None and len(fake.created) == 3  # even now: nothing more moves
+    finally:
+        await mgr.stop_all()
+
+
+async def test_a_pinned_actor_that_never_starts_is_placed_again_elsewhere(tmp_path: Path) -> None:
+    fake, fe, clock = FakeActors("a", "b", "c"), Frontend(), FakeClock()
+    fake.hung.add("b")  # alive in Ray's table, but nothing it is given ever runs
+    mgr = manager(tmp_path, fake, fe, clock, "start_timeout_s=60")
+    try:
+        await mgr.ensure(version("ray:max_per_node=1"), 2)
+        assert sorted(fake.created) == [(STEM + "0", "a"), (STEM + "1", "b")]
+        await mgr._poll_once()
+        clock.advance(59)
+        await mgr._poll_once()
+        assert len(fake.created) == 2  # within its start allowance: left alone
+        clock.advance(1)
+        await mgr._poll_once()
+        # Slot 1's next generation on c; the pending actor killed; b avoided meanwhile.
+        assert fake.created[-1] == (STEM + "1.1", "c")
+        assert fake.killed == [(STEM + "1", False)]
+        await mgr._poll_once()
+        assert nodes_of(mgr) == ["a", "c"]
+        # c lost too: b is still avoided, so the slot waits rather than go back to it ...
+        fake.die("c")
+        await mgr._poll_once()
+        assert not mgr.replicas("m", "1")[1].placed and len(fake.created) == 3
+        # ... until the avoidance ends (b may have recovered by then).
+        fake.hung.clear()
+        clock.advance(60)
+        await mgr._poll_once()
+        assert fake.created[-1] == (STEM + "1.2", "b")
     finally:
         await mgr.stop_all()

@@ -57,9 +57,6 @@ log = logging.getLogger("clipper.manager")
 
 T = TypeVar("T")
 
-# A moved replica's replacement must connect within this, else it is retired and the move is
-# tried again after another settle period.
-_MOVE_TIMEOUT_S = 120.0
 Key = tuple[str, str]
 
 
@@ -93,6 +90,7 @@ class RayReplica:
     placed: bool = True
     target: str = ""
     waiting: str = ""
+    placed_at: float = field(default=0.0, repr=False)  # when its actor was asked for
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log.splitlines()[-lines:])
@@ -126,6 +124,9 @@ class RayManager:
         self._alive: frozenset[str] | None = None  # the alive nodes the last poll saw
         self._nodes_changed_at = 0.0
         self._no_node_view = False
+        # Nodes where a pinned actor did not start within start_timeout_s: not chosen for a
+        # new actor until the time given (a hung raylet, resources Ray will not free).
+        self._avoid: dict[str, float] = {}
 
     # -- the protocol -------------------------------------------------------------------------
 
@@ -404,8 +405,10 @@ class RayManager:
                                 r.model, r.version, r.slot, reason)  # fmt: skip
                 r.waiting, r.location, r.log = reason, "ray:unplaced", f"not placed: {reason}"
         placing = [r for r in todo if r.slot in chosen]
+        now = self.ctx.clock.now()
         for r in placing:
             r.target, r.waiting, r.location = chosen[r.slot], "", "ray"
+            r.placed_at = now
         await asyncio.gather(*(
             self._call(self._actors.create, r.actor_name, wanted.spec, wanted.keys,
                        placement.options(r.target or None))
@@ -422,11 +425,26 @@ class RayManager:
         one replica toward the spread."""
         nodes = await self._node_view()
         alive = None if nodes is None else {n.node_id for n in nodes if n.alive}
+        now = self.ctx.clock.now()
         lost: dict[Key, list[RayReplica]] = {}
         for r, status in zip(polled, seen, strict=True):
             node = r.node_id or r.target
             if status == GONE or (alive is not None and node and node not in alive):
                 lost.setdefault((r.model, r.version), []).append(r)
+            elif self._never_started(r, status, now):
+                timeout = self.settings.start_timeout_s
+                log.warning("ray replica %s:%s slot %d has not started on node %s in %g s: "
+                            "placing it again, avoiding that node for as long",
+                            r.model, r.version, r.slot, r.target[:12], timeout)  # fmt: skip
+                self._avoid[r.target] = now + timeout
+                lost.setdefault((r.model, r.version), []).append(r)
+        self._avoid = {n: until for n, until in self._avoid.items() if until > now}
+        placeable = nodes
+        if nodes is not None and self._avoid:
+            placeable = [
+                NodeState(n.node_id, n.alive and n.node_id not in self._avoid, n.total, n.free)
+                for n in nodes
+            ]
         waiting = {k for k, g in self._groups.items() if any(not r.placed for r in g)}
         dead: list[str] = []
         for key in sorted(set(lost) | waiting):
@@ -439,11 +457,10 @@ class RayManager:
                     self._lose(r) for r in lost.get(key, [])
                     if r.placed and any(x is r for x in group)
                 )  # fmt: skip
-                await self._place(key, nodes)
+                await self._place(key, placeable)
         await asyncio.gather(*(self._call(self._actors.kill, name, False) for name in dead))
         if alive is None or nodes is None:
             return
-        now = self.ctx.clock.now()
         if frozenset(alive) != self._alive:
             if self._alive is not None:
                 log.info("ray nodes changed: %d alive (+%d, -%d); moves wait %g s",
@@ -457,6 +474,20 @@ class RayManager:
             if move is not None:
                 self._mover = asyncio.create_task(self._move(key, move), name="clipper-ray-move")
                 return
+
+    def _never_started(
+        self, r: RayReplica, status: dict[str, Any] | str | None, now: float
+    ) -> bool:
+        """An actor pinned to a live node that has not started in ``start_timeout_s``: Ray
+        keeps a hard-affinity actor pending for ever rather than run it elsewhere."""
+        return (
+            r.placed
+            and bool(r.target)
+            and r.actor_pid is None
+            and not isinstance(status, dict)
+            and r.placed_at > 0.0
+            and now - r.placed_at >= self.settings.start_timeout_s
+        )
 
     def _lose(self, r: RayReplica) -> str:
         """``r``'s actor is gone or its node died: a new generation of the slot, to be placed
@@ -547,8 +578,8 @@ class RayManager:
             await self._call(self._actors.kill, name, True)
             if not self._stopping.is_set():
                 log.warning("ray: the replacement of %s:%s slot %d on node %s did not connect "
-                            "in %g s: retired; tried again after the nodes settle",
-                            *key, move.slot, move.target[:12], _MOVE_TIMEOUT_S)  # fmt: skip
+                            "in %g s: retired; tried again after the nodes settle", *key,
+                            move.slot, move.target[:12], self.settings.start_timeout_s)  # fmt: skip
                 self._nodes_changed_at = self.ctx.clock.now()
             return
         await self._retire(old.actor_name, old.token)
@@ -557,8 +588,8 @@ class RayManager:
 
     async def _until_connected(self, name: str) -> dict[str, Any] | None:
         """The new actor's status once its container is connected to this frontend; None
-        after :data:`_MOVE_TIMEOUT_S` or when the frontend stops."""
-        deadline = self.ctx.clock.now() + _MOVE_TIMEOUT_S
+        after ``start_timeout_s`` or when the frontend stops."""
+        deadline = self.ctx.clock.now() + self.settings.start_timeout_s
         while not self._stopping.is_set():
             [status] = await self._call(self._actors.statuses, [name])
             if isinstance(status, dict) and status.get("token"):

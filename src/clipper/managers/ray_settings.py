@@ -14,7 +14,8 @@ from clipper.registry import ModelVersion
 __all__ = ["Placement", "RaySettings", "parse_ray_url", "version_placement"]
 
 _PARAMS = ("namespace", "num_cpus", "num_gpus", "node", "strategy", "max_per_node", "cache_dir",
-           "poll_s", "stop_timeout_s", "sweep_after_s", "settle_s")  # fmt: skip
+           "poll_s", "stop_timeout_s", "sweep_after_s", "settle_s",
+           "start_timeout_s")  # fmt: skip
 # What a version's labels may override (``ray:KEY=VALUE``), besides ``resource:NAME``.
 _PLACEMENT = ("num_cpus", "num_gpus", "node", "strategy", "max_per_node")
 _LABEL_PREFIX = "ray:"
@@ -108,6 +109,10 @@ class RaySettings:
     # After the set of alive nodes changes, how long it must stay the same before a replica is
     # moved back toward the spread (a flapping node churns nothing).
     settle_s: float = 10.0
+    # How long an actor pinned to a node may take to start (and, when it replaces a moved
+    # replica, its container to connect) before it is retired and its slot placed again,
+    # avoiding that node for as long.
+    start_timeout_s: float = 120.0
 
 
 def parse_ray_url(rest: str) -> RaySettings:
@@ -137,6 +142,7 @@ def parse_ray_url(rest: str) -> RaySettings:
         stop_timeout_s=_number("stop_timeout_s", settings.get("stop_timeout_s", "15")),
         sweep_after_s=_number("sweep_after_s", settings.get("sweep_after_s", "30")),
         settle_s=_number("settle_s", settings.get("settle_s", "10")),
+        start_timeout_s=_number("start_timeout_s", settings.get("start_timeout_s", "120")) or 120,
     )
 
 
