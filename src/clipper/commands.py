@@ -134,6 +134,14 @@ def add_commands(sub: Any, env: Callable[[str, Any], Any]) -> None:
         "(the frontend needs --pool-processes; docs/density.md)",
     )
     m.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        dest="labels",
+        help="a label of the version (repeatable), e.g. local:gpus=0 to pin its replicas to a "
+        "GPU (docs/deployers.md) or ray:num_gpus=1 on the ray:// manager",
+    )
+    m.add_argument(
         "--input-size",
         type=int,
         help="values per input the application sends: a model file declaring another width "
@@ -420,7 +428,7 @@ def _deploy(client: Client, args: argparse.Namespace) -> str:
             lambda: client.deploy_model(
                 args.name, args.version, input_type=args.input_type,
                 num_replicas=args.replicas, batching=batching, input_size=args.input_size,
-                pooled=args.pooled, **kwargs,
+                pooled=args.pooled, labels=args.labels, **kwargs,
             ),
             args,
         )  # fmt: skip

@@ -1,9 +1,11 @@
-"""PyTorch modules: TorchScript when the module scripts, else cloudpickle; served on CPU."""
+"""PyTorch modules: TorchScript when the module scripts, else cloudpickle; served on CPU, or on
+the GPU the local manager pins the replica to (``CLIPPER_DEVICE=cuda``, a ``local:gpus`` label)."""
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -56,16 +58,19 @@ def save(model: Any, dest: Path) -> dict[str, Any]:
 
 
 class TorchModel:
-    def __init__(self, module: Any, torch: Any, dtype: Any) -> None:
+    def __init__(self, module: Any, torch: Any, dtype: Any, device: str = "cpu") -> None:
         self.module = module
         self.torch = torch
         self.dtype = dtype
+        self.device = device
         self.input_spec = _sequential_width(module)
 
     def predict(self, inputs: Any) -> list[Any]:
         arr = stack(inputs, self.dtype)
         check_width(self.input_spec, arr)
         x = self.torch.from_numpy(writable(arr))
+        if self.device != "cpu":
+            x = x.to(self.device)
         with self.torch.no_grad():  # thread-local: set on the predict thread itself
             out = self.module(x)
         if not isinstance(out, self.torch.Tensor):
@@ -93,17 +98,35 @@ def _sequential_width(module: Any) -> InputSpec | None:
     )
 
 
+def serving_device(torch: Any) -> str:
+    """``cuda`` when the replica was pinned to a GPU (``CLIPPER_DEVICE``), else ``cpu``; a
+    pinned replica that sees no GPU fails its load, saying so, rather than run on CPU."""
+    wanted = os.environ.get("CLIPPER_DEVICE", "cpu") or "cpu"
+    if wanted == "cpu":
+        return "cpu"
+    if wanted != "cuda":
+        raise ValueError(f"CLIPPER_DEVICE must be cpu or cuda, got {wanted!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "this replica is pinned to a GPU (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}) but torch sees none: a torch "
+            f"build without CUDA ({torch.__version__}), no driver, or no such device"
+        )
+    return "cuda"
+
+
 def load(path: Path, manifest: dict[str, Any]) -> TorchModel:
     torch = require("torch", "torch", "loading")
+    device = serving_device(torch)
     file = path / manifest.get("file", SCRIPT_FILE)
     if manifest.get("serialization", "torchscript") == "torchscript":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", FutureWarning)
-            module = torch.jit.load(str(file), map_location="cpu")
+            module = torch.jit.load(str(file), map_location=device)
     else:
         with file.open("rb") as f:
             module = cloudpickle.load(f)
-        module = module.cpu()
+        module = module.to(device)
     module.eval()  # dropout off, batch norm uses its running statistics
-    return TorchModel(module, torch, np.dtype(manifest.get("input_dtype", "float32")))
+    return TorchModel(module, torch, np.dtype(manifest.get("input_dtype", "float32")), device)

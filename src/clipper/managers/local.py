@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from clipper.clock import Clock, sleep, wait_for
-from clipper.errors import ReplicaError
+from clipper.errors import ConfigError, RegistryError, ReplicaError
+from clipper.managers.local_devices import replica_devices, replica_env
 from clipper.managers.pool import ModelPool, OnUnloaded, PooledReplica
 from clipper.managers.replica_log import (
     BACKOFF_START,
@@ -218,6 +219,18 @@ class LocalManager:
 
         await asyncio.to_thread(remove)
 
+    def check_version(self, mv: ModelVersion) -> None:
+        """RegistryError for a version this manager cannot run as labelled (a deploy's 400)."""
+        try:
+            devices = replica_devices(mv)
+        except ConfigError as e:
+            raise RegistryError(str(e)) from None
+        if devices and mv.pooled:
+            raise RegistryError(
+                f"model {mv.name}:{mv.version} is pooled: a pool process runs on CPU, so it "
+                "cannot take a local:gpus label (deploy it unpooled)"
+            )
+
     async def ensure(self, mv: ModelVersion, replicas: int) -> None:
         """Start or stop processes until ``replicas`` slots are running."""
         if replicas and mv.artifact is None:
@@ -225,6 +238,8 @@ class LocalManager:
                 f"model {mv.name}:{mv.version} has no artifact to run; its containers are "
                 "started outside clipper-serve"
             )
+        if replicas:
+            self.check_version(mv)  # a version registered before the check: its reconcile fails
         self._versions[mv.key] = mv
         if mv.pooled:
             if self.pool is None:
@@ -488,6 +503,10 @@ class LocalManager:
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
+    def _replica_env(self, mv: ModelVersion, proc: ReplicaProcess) -> dict[str, str]:
+        """The frontend's environment, with the slot's GPU when the version lists some."""
+        return {**self._env(), **replica_env(mv, proc.slot)}
+
     async def _supervise(self, mv: ModelVersion, proc: ReplicaProcess) -> None:
         if self.shared is not None:
             await self._supervise_shared(mv, proc)
@@ -503,7 +522,7 @@ class LocalManager:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
-                env=self._env(),
+                env=self._replica_env(mv, proc),
             )
             assert child.stdout is not None
             copier = asyncio.create_task(
@@ -546,7 +565,7 @@ class LocalManager:
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=asyncio.subprocess.STDOUT,
-                    env=self._env(),
+                    env=self._replica_env(mv, proc),
                     start_new_session=True,
                 )
             finally:

@@ -132,6 +132,9 @@ class Control:
         once they are all connected. Undone if they do not connect; a retry of a deploy that
         completed is a no-op."""
         mv = self.pooled(mv)
+        check = getattr(self.manager, "check_version", None)
+        if check is not None:  # what only the manager can judge (its labels): before a commit
+            check(mv)
         if self.is_same_deploy(mv, set_current=set_current):
             return mv
         if not set_current:
