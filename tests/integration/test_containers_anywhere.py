@@ -305,11 +305,19 @@ async def test_sigterm_drains_in_flight_batches_and_loses_no_query(
     clients = [asyncio.create_task(closed_loop(k)) for k in range(6)]
     try:
         await wait_for(lambda: len(answers) >= 20, limit_s=30, what="steady traffic")
-        # SIGTERM while the leaver holds a batch (its token names it among the replicas).
-        await wait_for(
-            lambda: any(r.in_flight for r in sched.replicas if r.address == "leaver"),
-            limit_s=15, interval=0.001, what="a batch in flight on the leaver",
-        )  # fmt: skip
+
+        # SIGTERM while the leaver holds a batch (its token names it among the replicas): one
+        # sent 100 ms ago, so the container has read it (a batch sent a moment ago may still
+        # be in the socket) and is still in its 300 ms.
+        def holding() -> bool:
+            now = c.clock.now()
+            return any(
+                now - sent >= 0.1
+                for r in sched.replicas if r.address == "leaver"
+                for _, sent, _ in r.in_flight.values()
+            )  # fmt: skip
+
+        await wait_for(holding, limit_s=15, interval=0.001, what="a batch held by the leaver")
         leaver.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(leaver.wait, 15)
         assert code == 0
