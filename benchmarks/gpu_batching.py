@@ -105,6 +105,8 @@ async def _one_run(  # noqa: PLR0917
         "device": device,
         "batching": batching,
         "throughput_rps": round(got.throughput_rps, 1),
+        # Answered by the model (not the default): what the batch size buys.
+        "goodput_rps": round(got.throughput_rps * (1 - got.default_share), 1),
         "p50_ms": round(got.p50_us / 1e3, 2),
         "p99_ms": round(got.p99_us / 1e3, 2),
         "default_share": round(got.default_share, 4),
@@ -119,8 +121,9 @@ async def _one_run(  # noqa: PLR0917
     }
     name = batching.get("max_batch_size") if batching["controller"] == "fixed" else "aimd"
     print(
-        f"{device:5s} {name!s:>5} {out['throughput_rps']:9.1f}/s p50 {out['p50_ms']:7.2f} ms "
-        f"p99 {out['p99_ms']:7.2f} ms defaults {out['default_share']:6.2%} "
+        f"{device:5s} {name!s:>5} {out['throughput_rps']:8.1f}/s goodput "
+        f"{out['goodput_rps']:8.1f}/s p50 {out['p50_ms']:6.2f} ms "
+        f"p99 {out['p99_ms']:6.2f} ms defaults {out['default_share']:6.2%} "
         f"batch {out['mean_batch']:6.1f} rtt {out['mean_batch_rtt_ms']:7.2f} ms",
         flush=True,
     )
