@@ -107,7 +107,8 @@ async def _all_read(fe: DrainingFrontend, before: float) -> bool:
 async def _refused(port: int) -> bool:
     try:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
+        # A reset: the connect reached the backlog of a listener that closed meanwhile.
         return True
     writer.close()
     return False
