@@ -232,8 +232,14 @@ async def test_replicas_run_as_deployments_through_the_api(
     assert pod.proc.poll() is None  # the pod's process was not stopped
     await fe.start()
     await wait_for(lambda: answered(url, 4.0), limit_s=60, interval=0.2, what="answers again")
-    [adopted] = await replicas(fe)
-    assert adopted["state"] == "running"
+
+    async def adopted_running() -> bool:
+        # The replica answers as soon as it reconnects; its state comes with the manager's
+        # next poll of the pod.
+        rs = await replicas(fe)
+        return len(rs) == 1 and rs[0]["state"] == "running"
+
+    await wait_for(adopted_running, limit_s=30, interval=0.2, what="the adopted one running")
     assert kubelet.started == started  # no new pod: the same one serves
     assert [p.name for p in kubelet.pods[dep["metadata"]["name"]]] == [pod.name]
     [same] = await deployments(kubelet)
