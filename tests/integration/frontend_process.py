@@ -76,11 +76,21 @@ class FrontendProcess:
     a killed frontend (they must not, and the tests assert that separately).
     """
 
-    def __init__(self, state_dir: Path, *, store: str | None = None, name: str = "frontend"):
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        store: str | None = None,
+        name: str = "frontend",
+        grpc_transport: str | None = None,
+    ):
         self.state_dir = state_dir
         self.store = store
         self.name = name
         self.ports = Ports.free()
+        # The V2 gRPC port, open on a free port with that transport (None: closed).
+        self.grpc_transport = grpc_transport
+        self.grpc_port = free_port() if grpc_transport is not None else -1
         self.log_path = state_dir.parent / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.past_pids: list[int] = []
@@ -103,9 +113,11 @@ class FrontendProcess:
             "--query-port", str(self.ports.query),
             "--admin-port", str(self.ports.admin),
             "--rpc-port", str(self.ports.rpc),
-            "--grpc-port", "-1",
+            "--grpc-port", str(self.grpc_port),
             "--state-dir", str(self.state_dir),
         ]  # fmt: skip
+        if self.grpc_transport is not None:
+            cmd += ["--grpc-transport", self.grpc_transport]
         if self.store is not None:
             cmd += ["--store", self.store]
         return cmd

@@ -24,7 +24,6 @@ from clipper.errors import RequestError
 from tests.integration import models
 from tests.integration.frontend_process import FrontendProcess
 from tests.integration.helpers import Response, request
-from tests.integration.redis_server import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -270,21 +269,6 @@ async def test_the_cli_and_the_client_manage_tenants_and_send_keys(
     assert await asyncio.to_thread(Client(fe.admin_url, fe.query_url).list_tenants) == []
 
 
-class GrpcTenantFrontend(TenantFrontend):
-    """The same frontend with its V2 gRPC port open, on one transport."""
-
-    def __init__(self, state_dir: Path, transport: str) -> None:
-        super().__init__(state_dir)
-        self.transport = transport
-        self.grpc_port = free_port()
-
-    def command(self) -> list[str]:
-        cmd = super().command()
-        at = cmd.index("--grpc-port")
-        cmd[at + 1] = str(self.grpc_port)
-        return [*cmd, "--grpc-transport", self.transport]
-
-
 @pytest.mark.parametrize("transport", ["native", "grpcio"])
 async def test_over_grpc_a_tenant_over_its_quota_gets_resource_exhausted_with_retry_metadata(
     tmp_path: Path, transport: str
@@ -294,7 +278,7 @@ async def test_over_grpc_a_tenant_over_its_quota_gets_resource_exhausted_with_re
     from clipper.frontend.grpc import inference_pb2 as pb
     from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
 
-    fe = GrpcTenantFrontend(tmp_path / "state", transport)
+    fe = TenantFrontend(tmp_path / "state", grpc_transport=transport)
     await fe.start()
     try:
         await _serve(fe, tmp_path, "g", models.steady_sums, slo_micros=5_000_000, batch=8)

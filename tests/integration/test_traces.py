@@ -27,7 +27,6 @@ import pytest
 
 from tests.integration.frontend_process import FrontendProcess
 from tests.integration.helpers import request, wait_for, write_row_sums
-from tests.integration.redis_server import free_port
 
 pytest.importorskip("opentelemetry.sdk")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
@@ -281,18 +280,6 @@ async def test_a_traced_query_reaches_the_container_under_the_callers_trace(
     assert default_span.status_code == 2 and "no_model" in default_span.status_message
 
 
-class GrpcTracedFrontend(TracedFrontend):
-    def __init__(self, state_dir: Path, transport: str) -> None:
-        super().__init__(state_dir)
-        self.transport = transport
-        self.grpc_port = free_port()
-
-    def command(self) -> list[str]:
-        cmd = super().command()
-        cmd[cmd.index("--grpc-port") + 1] = str(self.grpc_port)
-        return [*cmd, "--grpc-transport", self.transport]
-
-
 @pytest.mark.parametrize("transport", ["native", "grpcio"])
 async def test_v2_rest_and_grpc_honour_the_callers_traceparent(
     transport: str, receiver: Receiver, tmp_path: Path
@@ -302,7 +289,7 @@ async def test_v2_rest_and_grpc_honour_the_callers_traceparent(
     from clipper.frontend.grpc import inference_pb2 as pb
     from clipper.frontend.grpc import inference_pb2_grpc as pb_grpc
 
-    fe = GrpcTracedFrontend(tmp_path / "state", transport)
+    fe = TracedFrontend(tmp_path / "state", grpc_transport=transport)
     fe.env = frontend_env(receiver)
     try:
         await fe.start()
