@@ -17,7 +17,6 @@ import zmq.asyncio
 
 from clipper.rpc import wire
 from tests.integration.frontend_process import FrontendProcess
-from tests.integration.redis_server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -28,12 +27,11 @@ _MORE = re.compile(r"\.\.\. and ([\d,]+) more like it")
 
 
 class _Frontend(FrontendProcess):
-    grpc_port = free_port()
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir, grpc_transport="native")
 
     def command(self) -> list[str]:
-        cmd = super().command()
-        cmd[cmd.index("--grpc-port") + 1] = str(self.grpc_port)
-        return [*cmd, "--no-rpc-auth", "--log-level", "INFO"]
+        return [*super().command(), "--no-rpc-auth", "--log-level", "INFO"]
 
 
 async def _garbage_grpc(port: int) -> bytes:

@@ -37,7 +37,6 @@ from clipper.frontend.grpc.native import (
 )
 from tests.integration.frontend_process import FrontendProcess
 from tests.integration.helpers import predict_ok, wait_for, write_row_sums
-from tests.integration.redis_server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -50,13 +49,10 @@ class GrpcFrontend(FrontendProcess):
     """A ``clipper start`` that serves the native gRPC transport too."""
 
     def __init__(self, state_dir: Path) -> None:
-        super().__init__(state_dir)
-        self.grpc_port = free_port()
+        super().__init__(state_dir, grpc_transport="native")
 
     def command(self) -> list[str]:
-        cmd = super().command()
-        cmd[cmd.index("--grpc-port") + 1] = str(self.grpc_port)
-        return [*cmd, "--body-timeout-s", str(BODY_TIMEOUT_S)]
+        return [*super().command(), "--body-timeout-s", str(BODY_TIMEOUT_S)]
 
     @property
     def query_url(self) -> str:
