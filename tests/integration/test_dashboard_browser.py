@@ -7,8 +7,9 @@ and its line is redrawn); a replica killed with SIGKILL (its pid read from the a
 as ``restarting`` and then ``ready`` again in the replicas table. A screenshot is taken under
 load (``CLIPPER_DASHBOARD_SCREENSHOT=path`` keeps it, as docs/dashboard.png was made).
 
-Skipped when playwright or chromium is missing, unless ``CLIPPER_REQUIRE_BROWSER`` is set (as
-.ci/run sets it): then it fails.
+About 45 s of load, so it is one of the ``slow`` scenarios (``-m slow``, as ``.ci/run`` runs
+them), kept out of the README's test command. Skipped when playwright or chromium is missing,
+unless ``CLIPPER_REQUIRE_BROWSER`` is set (as .ci/run sets it): then it fails.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from clipper import Clipper
 from tests.integration import models
 from tests.integration.helpers import post_json, request, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.browser]
+pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.slow]
 
 TOKEN = "dashboard-test-token"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

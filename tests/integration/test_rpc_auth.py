@@ -97,14 +97,16 @@ def rogues() -> Iterator[Callable[[Clipper, ClientKeys | None], None]]:
 
 
 @pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+async def processes() -> AsyncIterator[list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
     yield procs
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
+            # Waited for off the loop: the embedded frontend runs on it and must acknowledge
+            # the leaving container's goodbye, or the container waits out its drain timeout.
             try:
-                proc.wait(5)
+                await asyncio.to_thread(proc.wait, 5)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
