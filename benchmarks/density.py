@@ -2,6 +2,7 @@
 
     python benchmarks/density.py [--models 200] [--pool-processes 4] [--pool-memory-mb 2]
         [--duration 60] [--zipf 1.1] [--concurrency 8] [--slo-ms 1000] [--compare]
+        [--own-only] [--own-starts 0,2]
 
 One in-process frontend (local manager, free ports) started with ``pool_processes`` and
 ``pool_memory_mb``. Each model is a LogisticRegression trained here on its own random data
@@ -17,7 +18,10 @@ the hit rate (share of queries whose model had a connected replica when the quer
 predictions vs defaults by reason, loads and evictions, each pool process's resident memory
 (the largest of one sample a second) against its budget. With ``--compare`` the same load runs
 again with every version on its own process, autoscaled with ``min_replicas`` 0 (scale to
-zero) and the same idle window: processes started, their total resident memory, p99, hit rate.
+zero) and the same idle window: processes started, their total resident memory, p99, hit rate;
+once for each ``--own-starts`` value, the frontend's ``replica_starts`` (how many replica
+processes it starts at once: 0 no limit, by default one per core), so a start storm is seen
+with and without the limit. ``--own-only`` runs only those.
 Writes results.json under benchmarks/results/. Every process is stopped.
 """
 
@@ -184,6 +188,10 @@ async def drive(
     }
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
 def _ms(s: float | None) -> float | None:
     return None if s is None else round(s * 1e3, 1)
 
@@ -223,30 +231,41 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"trained and packaged {args.models} models in {time.monotonic() - t0:.1f} s "
               f"(artifact median {size / 1024:.0f} KiB)", flush=True)  # fmt: skip
         results["artifact_median_kib"] = round(size / 1024, 1)
-        async with Clipper(
-            query_port=0, rpc_port=0, admin_port=0, state_dir=root / "state",
-            pool_processes=args.pool_processes, pool_memory_mb=args.pool_memory_mb,
-        ) as c:  # fmt: skip
-            await setup(c, artifacts, args, pooled=True)
-            pool = c.manager.pool  # type: ignore[attr-defined]
-            out = await drive(c, [f"m{i:03d}" for i in range(args.models)], args, args.features)
-            members = pool.describe()
-            out["loads"] = sum(m["loads"] for m in members)
-            out["evictions"] = sum(m["evictions"] for m in members)
-            out["models_loaded_at_end"] = [m["models"] for m in members]
-            out["charged_mb_at_end"] = [round(m["used_bytes"] / 2**20, 2) for m in members]
-            out["budget_mb"] = args.pool_memory_mb
-            results["pooled"] = out
-            _print("pooled", out)
-        if args.compare:
-            async with Clipper(
-                query_port=0, rpc_port=0, admin_port=0, state_dir=root / "state-own",
-            ) as c:  # fmt: skip
-                await setup(c, artifacts, args, pooled=False)
-                out = await drive(c, [f"m{i:03d}" for i in range(args.models)], args, args.features)
-                results["own_process"] = out
-                _print("own process, min_replicas 0", out)
+        if not args.own_only:
+            await run_pooled(root, artifacts, args, results)
+        if args.compare or args.own_only:
+            for starts in args.own_starts:
+                async with Clipper(
+                    query_port=0, rpc_port=0, admin_port=0, state_dir=root / f"state-own{starts}",
+                    replica_starts=starts,
+                ) as c:  # fmt: skip
+                    await setup(c, artifacts, args, pooled=False)
+                    names = [f"m{i:03d}" for i in range(args.models)]
+                    out = await drive(c, names, args, args.features)
+                    out["replica_starts"] = starts
+                    results.setdefault("own_process", []).append(out)
+                    _print(f"own process, min_replicas 0, replica_starts {starts}", out)
     return results
+
+
+async def run_pooled(
+    root: Path, artifacts: list[Path], args: argparse.Namespace, results: dict[str, Any]
+) -> None:
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, state_dir=root / "state",
+        pool_processes=args.pool_processes, pool_memory_mb=args.pool_memory_mb,
+    ) as c:  # fmt: skip
+        await setup(c, artifacts, args, pooled=True)
+        pool = c.manager.pool  # type: ignore[attr-defined]
+        out = await drive(c, [f"m{i:03d}" for i in range(args.models)], args, args.features)
+        members = pool.describe()
+        out["loads"] = sum(m["loads"] for m in members)
+        out["evictions"] = sum(m["evictions"] for m in members)
+        out["models_loaded_at_end"] = [m["models"] for m in members]
+        out["charged_mb_at_end"] = [round(m["used_bytes"] / 2**20, 2) for m in members]
+        out["budget_mb"] = args.pool_memory_mb
+        results["pooled"] = out
+        _print("pooled", out)
 
 
 def _print(title: str, out: dict[str, Any]) -> None:
@@ -267,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--slo-ms", type=float, default=1000.0)
     p.add_argument("--compare", action="store_true")
+    p.add_argument(
+        "--own-starts", type=lambda v: [int(x) for x in v.split(",")], default=[0, _cores()],
+        help="with --compare: the process-per-version runs' --replica-starts, one run each "
+        "(default: 0 = no limit, then one per core)",
+    )  # fmt: skip
+    p.add_argument("--own-only", action="store_true", help="only the process-per-version runs")
     p.add_argument("--work-dir", default=None, help="where the temporary state goes")
     args = p.parse_args(argv)
     results = asyncio.run(run(args))

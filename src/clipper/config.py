@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -91,6 +92,11 @@ def cli(help: str = "", *, default: object = SAME, choice: Choice | None = None)
     ``choice`` gives the options and their help for a ``Literal`` field.
     """
     return {"help": help, "cli_default": default, "choice": choice}
+
+
+def _cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _home_state_dir() -> str:
@@ -288,6 +294,13 @@ class FrontendConfig:
     pool_memory_mb: int = field(
         default=512, metadata=cli("memory budget of each pool process's models, in MB")
     )
+    # A start storm (a restart with many versions, many woken from zero) on a few cores
+    # connects none of them for as long as all of them take: the local manager starts this
+    # many replica processes at a time, each until it connects (at most 10 s), in order.
+    replica_starts: int = field(
+        default_factory=_cores,
+        metadata=cli("replica processes the local manager starts at once (0: no limit)"),
+    )
     # The admin API changes what is served: loopback only, unless a bearer token guards it.
     admin_host: str = field(
         default="127.0.0.1",
@@ -437,6 +450,10 @@ class FrontendConfig:
             raise ConfigError(
                 f"pool_processes must be between 0 and {_MAX_POOL_PROCESSES}, got "
                 f"{self.pool_processes}"
+            )
+        if self.replica_starts < 0:
+            raise ConfigError(
+                f"replica_starts must be >= 0 (0: no limit), got {self.replica_starts}"
             )
         if self.pool_memory_mb < 1:
             raise ConfigError(f"pool_memory_mb must be >= 1 (MB), got {self.pool_memory_mb}")

@@ -217,6 +217,7 @@ class Clipper:
                 shared=shared,
                 pool_processes=config.pool_processes,
                 pool_memory_mb=config.pool_memory_mb,
+                replica_starts=config.replica_starts,
                 # The autoscaler is built below; a pool reports only once running.
                 on_unloaded=lambda name, version, why: self.autoscaler.unloaded(
                     (name, version), why

@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -196,3 +197,16 @@ def test_pool_flags_and_their_checks(monkeypatch: pytest.MonkeyPatch) -> None:
         FrontendConfig(pool_processes=2, manager="external://")
     with pytest.raises(ConfigError, match="cannot be combined with shared replicas"):
         FrontendConfig(pool_processes=2, workers=2)
+
+
+def test_replica_starts_default_to_the_cores_and_zero_lifts_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5})
+    assert FrontendConfig().replica_starts == 3
+    start = _start_parser(monkeypatch, {"CLIPPER_REPLICA_STARTS": "0"})
+    assert config_from_args(start.parse_args([]), FrontendConfig).replica_starts == 0
+    args = start.parse_args(["--replica-starts", "8"])
+    assert config_from_args(args, FrontendConfig).replica_starts == 8
+    with pytest.raises(ConfigError, match=r"replica_starts must be >= 0 \(0: no limit\), got -1"):
+        FrontendConfig(replica_starts=-1)

@@ -163,3 +163,68 @@ async def test_a_log_pipe_held_open_is_given_up_after_a_second_on_the_clock(
     await turns()
     assert exits == [1.0]
     await m.stop_all()
+
+
+def gated(tmp_path: Path, clock: FakeClock, limit: int, connected: set[str]) -> LocalManager:
+    return LocalManager(
+        rpc_host=lambda: "127.0.0.1",
+        rpc_port=lambda: 7000,
+        state_dir=tmp_path,
+        clock=clock,
+        heartbeat_interval_s=0.5,
+        replica_starts=limit,
+        connected=connected.__contains__,
+    )
+
+
+async def test_replica_starts_wait_their_turn_until_a_start_connects_or_exits(
+    tmp_path: Path, clock: FakeClock, spawn: Spawner
+) -> None:
+    connected: set[str] = set()
+    m = gated(tmp_path, clock, 2, connected)
+    await m.ensure(MV, 5)
+    await turns()
+    slots = m.replicas("m", "1")
+    assert len(spawn.started) == 2 and [p.pid is not None for p in slots] == [1, 1, 0, 0, 0]
+    assert (m.starts.starting, m.starts.waiting) == (2, 3)
+    assert [p.state for p in slots[2:]] == ["starting"] * 3
+    connected.add(slots[0].token)  # the first replica connects: the next one starts
+    clock.advance(0.02)
+    await turns()
+    assert len(spawn.started) == 3 and slots[2].pid is not None and slots[3].pid is None
+    spawn.children[1].exit(1)  # the second one dies before connecting: its place frees too
+    await turns()
+    assert len(spawn.started) == 4 and slots[3].pid is not None
+    # Slot 1's restart (after its back-off) queues behind slot 4, which came first.
+    clock.advance(0.1)
+    await turns()
+    assert len(spawn.started) == 4 and m.starts.waiting == 2
+    await m.stop_all()
+    assert (m.starts.starting, m.starts.waiting) == (0, 0) and clock.pending() == 0
+
+
+async def test_a_start_that_never_connects_keeps_its_place_ten_seconds_at_most(
+    tmp_path: Path, clock: FakeClock, spawn: Spawner
+) -> None:
+    m = gated(tmp_path, clock, 1, set())
+    await m.ensure(MV, 3)
+    await turns()
+    assert spawn.started == [0.0]
+    clock.advance(9.9)
+    await turns()
+    assert len(spawn.started) == 1
+    clock.advance(0.2)
+    await turns()
+    assert len(spawn.started) == 2
+    await m.stop_all()
+    assert m.starts.starting == 0 and clock.pending() == 0
+
+
+async def test_without_a_limit_every_replica_starts_at_once(
+    tmp_path: Path, clock: FakeClock, spawn: Spawner
+) -> None:
+    m = gated(tmp_path, clock, 0, set())
+    await m.ensure(MV, 6)
+    await turns()
+    assert len(spawn.started) == 6 and clock.pending() == 0  # nothing polls
+    await m.stop_all()

@@ -130,6 +130,8 @@ class ManagerContext:
     pool_processes: int = 0
     pool_memory_mb: int = 512
     on_unloaded: Callable[[str, str, str], None] | None = None
+    # How many replica processes the local manager starts at once (0: no limit).
+    replica_starts: int = 0
 
 
 def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
@@ -153,6 +155,8 @@ def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
         pool_processes=ctx.pool_processes,
         pool_memory_mb=ctx.pool_memory_mb,
         on_unloaded=ctx.on_unloaded,
+        replica_starts=ctx.replica_starts,
+        connected=ctx.connected,
     )
 
 

@@ -45,6 +45,7 @@ from clipper.managers.replica_log import (
     next_backoff,
 )
 from clipper.managers.shared import SharedReplicas
+from clipper.managers.start_gate import StartGate
 from clipper.registry import ModelVersion
 from clipper.store.base import StoreError
 from clipper.version import IMPORT_ROOT
@@ -116,8 +117,13 @@ class LocalManager:
         pool_processes: int = 0,
         pool_memory_mb: int = 512,
         on_unloaded: OnUnloaded | None = None,
+        replica_starts: int = 0,
+        connected: Callable[[str], bool] | None = None,
     ) -> None:
         self.shared = shared
+        # At most this many replica processes in their first seconds at once (0: no limit):
+        # the rest wait their turn, first asked first started (start_gate.py).
+        self.starts = StartGate(replica_starts, clock, connected)
         self.host = socket.gethostname()
         # Tokens are unique across frontends and restarts: an adopted replica's token and one
         # this manager makes never meet.
@@ -515,23 +521,31 @@ class LocalManager:
         while True:
             self._generation += 1
             proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
+            await self.starts.enter()
             started = self.clock.now()
-            # Through a pipe, not the file itself: the manager writes it, rotated by size.
-            child = await asyncio.create_subprocess_exec(
-                *self._command(mv, proc),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=self._replica_env(mv, proc),
-            )
+            try:
+                # Through a pipe, not the file itself: the manager writes it, rotated by size.
+                child = await asyncio.create_subprocess_exec(
+                    *self._command(mv, proc),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=self._replica_env(mv, proc),
+                )
+            except BaseException:
+                self.starts.leave()
+                raise
             assert child.stdout is not None
             copier = asyncio.create_task(
                 copy_log(child.stdout, RotatingLog(proc.log_path, self.log_max_bytes))
             )
             proc.pid = child.pid
+            exited = asyncio.ensure_future(child.wait())
             try:
-                code = await child.wait()
+                await self.starts.hold(proc.token, exited)
+                code = await exited
             except asyncio.CancelledError:
+                exited.cancel()
                 await _terminate(child, self.clock)
                 await finish_copy(copier, self.clock)
                 proc.pid = None
@@ -560,6 +574,11 @@ class LocalManager:
                 opening.add_done_callback(_close_opened)  # the file arrives after the cancel
                 raise
             try:
+                await self.starts.enter()
+            except BaseException:
+                log_file.close()
+                raise
+            try:
                 child = await asyncio.create_subprocess_exec(
                     *self._command(mv, proc),
                     stdin=asyncio.subprocess.DEVNULL,
@@ -568,14 +587,24 @@ class LocalManager:
                     env=self._replica_env(mv, proc),
                     start_new_session=True,
                 )
+            except BaseException:
+                self.starts.leave()
+                raise
             finally:
                 log_file.close()  # the child holds its own copy
             proc.pid = child.pid
             proc.host = self.host
+            exited = asyncio.ensure_future(child.wait())
+            placed = True  # the start's place in the gate, until hold gives it up
             try:
                 await self._write_record(proc)
-                code = await child.wait()
+                placed = False
+                await self.starts.hold(proc.token, exited)
+                code = await exited
             except asyncio.CancelledError:
+                exited.cancel()
+                if placed:
+                    self.starts.leave()
                 if not proc.detached:
                     await _terminate(child, self.clock)
                     proc.pid = None
