@@ -726,3 +726,39 @@ async def test_batches_other_frontends_queued_on_a_shared_replica_are_priced(
     # A second replica with nothing queued elsewhere takes our batches at once.
     h.replica()
     assert h.sched.expected_latency_s() < 0.4
+
+
+async def test_a_pipelined_batch_is_measured_from_when_the_one_before_came_back(
+    harness_factory: Any,
+) -> None:
+    # A container runs its batches one after another: the second of two in flight waited for
+    # the first, and its round trip is not what a batch costs (it halved the capacity and
+    # kept AIMD's cap at 1-3 under load).
+    h = harness_factory(batching=fixed(1, in_flight=2))
+    r = h.replica()
+    c = r.controller
+    assert c is not None
+    h.submit(b"a", b"b")
+    assert len(r.in_flight) == 2
+    h.clock.advance(0.010)
+    h.respond(0)
+    h.clock.advance(0.010)
+    h.respond(1)  # a round trip of 20 ms, of which 10 ms behind the first
+    assert c.typical_latency(1) == pytest.approx(0.010)
+
+
+async def test_a_free_pipelined_slot_is_priced_behind_the_batch_running(
+    harness_factory: Any,
+) -> None:
+    h = harness_factory(batching=fixed(1, in_flight=2))
+    r = h.replica()
+    for i in range(8):  # the controller learns that a batch takes 10 ms
+        h.submit(b"w%d" % i)
+        h.clock.advance(0.010)
+        h.respond(i)
+    assert h.sched.expected_latency_s() == 0.0  # idle: admits at once
+    h.submit(b"x")
+    assert len(r.in_flight) == 1  # a slot is free, but the container is busy with x
+    h.clock.advance(0.004)
+    # The next input waits for the rest of x (6 ms), then takes its own batch.
+    assert h.sched.expected_latency_s() > 0.006
