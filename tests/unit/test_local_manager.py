@@ -75,7 +75,14 @@ def clock() -> FakeClock:
     return FakeClock(start=0.0)
 
 
-def manager(tmp_path: Path, clock: FakeClock, exits: list[float] | None = None) -> LocalManager:
+def manager(
+    tmp_path: Path,
+    clock: FakeClock,
+    exits: list[float] | None = None,
+    *,
+    starts: int = 0,
+    connected: set[str] | None = None,
+) -> LocalManager:
     return LocalManager(
         rpc_host=lambda: "127.0.0.1",
         rpc_port=lambda: 7000,
@@ -83,6 +90,8 @@ def manager(tmp_path: Path, clock: FakeClock, exits: list[float] | None = None) 
         clock=clock,
         heartbeat_interval_s=0.5,
         on_exit=None if exits is None else (lambda token: exits.append(clock.now())),
+        replica_starts=starts,
+        connected=None if connected is None else connected.__contains__,
     )
 
 
@@ -166,15 +175,7 @@ async def test_a_log_pipe_held_open_is_given_up_after_a_second_on_the_clock(
 
 
 def gated(tmp_path: Path, clock: FakeClock, limit: int, connected: set[str]) -> LocalManager:
-    return LocalManager(
-        rpc_host=lambda: "127.0.0.1",
-        rpc_port=lambda: 7000,
-        state_dir=tmp_path,
-        clock=clock,
-        heartbeat_interval_s=0.5,
-        replica_starts=limit,
-        connected=connected.__contains__,
-    )
+    return manager(tmp_path, clock, starts=limit, connected=connected)
 
 
 async def test_replica_starts_wait_their_turn_until_a_start_connects_or_exits(

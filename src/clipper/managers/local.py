@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import glob
 import logging
 import os
@@ -521,20 +522,18 @@ class LocalManager:
         while True:
             self._generation += 1
             proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
-            await self.starts.enter()
-            started = self.clock.now()
-            try:
-                # Through a pipe, not the file itself: the manager writes it, rotated by size.
-                child = await asyncio.create_subprocess_exec(
+            # Through a pipe, not the file itself: the manager writes it, rotated by size.
+            child = await self.starts.start(
+                functools.partial(
+                    asyncio.create_subprocess_exec,
                     *self._command(mv, proc),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,
                     env=self._replica_env(mv, proc),
                 )
-            except BaseException:
-                self.starts.leave()
-                raise
+            )
+            started = self.clock.now()  # once it had its turn
             assert child.stdout is not None
             copier = asyncio.create_task(
                 copy_log(child.stdout, RotatingLog(proc.log_path, self.log_max_bytes))
@@ -564,7 +563,6 @@ class LocalManager:
         while True:
             self._generation += 1
             proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
-            started = self.clock.now()
             opening = asyncio.ensure_future(
                 asyncio.to_thread(_open_log, proc.log_path, self.log_max_bytes)
             )
@@ -574,24 +572,20 @@ class LocalManager:
                 opening.add_done_callback(_close_opened)  # the file arrives after the cancel
                 raise
             try:
-                await self.starts.enter()
-            except BaseException:
-                log_file.close()
-                raise
-            try:
-                child = await asyncio.create_subprocess_exec(
-                    *self._command(mv, proc),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=asyncio.subprocess.STDOUT,
-                    env=self._replica_env(mv, proc),
-                    start_new_session=True,
+                child = await self.starts.start(
+                    functools.partial(
+                        asyncio.create_subprocess_exec,
+                        *self._command(mv, proc),
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=log_file,
+                        stderr=asyncio.subprocess.STDOUT,
+                        env=self._replica_env(mv, proc),
+                        start_new_session=True,
+                    )
                 )
-            except BaseException:
-                self.starts.leave()
-                raise
             finally:
                 log_file.close()  # the child holds its own copy
+            started = self.clock.now()  # once it had its turn
             proc.pid = child.pid
             proc.host = self.host
             exited = asyncio.ensure_future(child.wait())

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from clipper.clock import Clock, wait_for
 
 __all__ = ["START_HOLD_S", "StartGate"]
+
+T = TypeVar("T")
 
 # How long one start keeps its place at most (seconds).
 START_HOLD_S = 10.0
@@ -62,6 +65,16 @@ class StartGate:
         finally:
             self.waiting -= 1
         self.starting += 1
+
+    async def start(self, spawn: Callable[[], Awaitable[T]]) -> T:
+        """:meth:`enter`, then ``spawn()``: the place is given up again if the spawn fails
+        (or is cancelled); otherwise the caller must :meth:`hold` it."""
+        await self.enter()
+        try:
+            return await spawn()
+        except BaseException:
+            self.leave()
+            raise
 
     def leave(self) -> None:
         if self._sem is not None:
