@@ -332,11 +332,11 @@ def test_each_autoscaling_decision_is_sent_once_and_kept_bounded() -> None:
 
 
 def _proc(
-    slot: int, *, pid: int | None, restarts: int = 0, stopping: bool = False
+    slot: int, *, pid: int | None, restarts: int = 0, stopping: bool = False, queued: bool = False
 ) -> ReplicaProcess:
     return ReplicaProcess(
         "m", "1", slot, Path(f"/tmp/m-1-{slot}.log"), token=f"tok{slot}", pid=pid,
-        restarts=restarts, stopping=stopping,
+        restarts=restarts, stopping=stopping, queued=queued,
     )  # fmt: skip
 
 
@@ -351,12 +351,13 @@ def test_replica_states_join_the_process_and_the_connection() -> None:
         _proc(3, pid=103),  # connected, draining
         _proc(4, pid=104, restarts=2),  # restarted, not connected yet: still restarting
         _proc(5, pid=105, stopping=True),
+        _proc(6, pid=None, queued=True),  # waiting for a start place: queued
     ]
     state = runtime_state(catalog_of(w.registry, w.schedulers), cast(ContainerManager, w.manager))
     by_slot = {r["slot"]: r for r in state["replicas"]}
     assert {s: r["state"] for s, r in by_slot.items()} == {
         0: "ready", 1: "starting", 2: "restarting", 3: "draining", 4: "restarting",
-        5: "stopping", None: "ready",
+        5: "stopping", 6: "queued", None: "ready",
     }  # fmt: skip
     assert by_slot[0]["replica_id"] == 0 and by_slot[0]["pid"] == 100
     assert by_slot[None]["location"] == "external"  # dialled in: no process of ours

@@ -188,11 +188,13 @@ async def test_replica_starts_wait_their_turn_until_a_start_connects_or_exits(
     slots = m.replicas("m", "1")
     assert len(spawn.started) == 2 and [p.pid is not None for p in slots] == [1, 1, 0, 0, 0]
     assert (m.starts.starting, m.starts.waiting) == (2, 3)
-    assert [p.state for p in slots[2:]] == ["starting"] * 3
+    # Waiting for a place is said as such (status, get_replicas, the dashboard), not starting.
+    assert [p.state for p in slots] == ["running"] * 2 + ["queued"] * 3
     connected.add(slots[0].token)  # the first replica connects: the next one starts
     clock.advance(0.02)
     await turns()
     assert len(spawn.started) == 3 and slots[2].pid is not None and slots[3].pid is None
+    assert [p.state for p in slots[2:]] == ["running", "queued", "queued"]
     spawn.children[1].exit(1)  # the second one dies before connecting: its place frees too
     await turns()
     assert len(spawn.started) == 4 and slots[3].pid is not None
@@ -200,7 +202,9 @@ async def test_replica_starts_wait_their_turn_until_a_start_connects_or_exits(
     clock.advance(0.1)
     await turns()
     assert len(spawn.started) == 4 and m.starts.waiting == 2
+    assert slots[1].state == "queued" and slots[1].restarts == 1
     await m.stop_all()
+    assert not any(p.queued for p in slots)  # a stop while waiting leaves no slot queued
     assert (m.starts.starting, m.starts.waiting) == (0, 0) and clock.pending() == 0
 
 

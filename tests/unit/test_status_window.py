@@ -119,6 +119,8 @@ def test_replica_states_and_ids_match_the_log_files() -> None:
         _Proc("m", "1", 2, "m:1:2:6", None, restarts=1, last_exit=1),
         _Proc("m", "1", 3, "m:1:3:4", 103, restarts=0),
         _Proc("m", "1", 4, "m:1:4:8", None, restarts=5, last_exit=1),
+        _Proc("m", "1", 5, "m:1:5:2", None, restarts=0, state="queued"),  # its turn to come
+        _Proc("m", "1", 6, "m:1:6:3", None, restarts=1, state="queued"),  # a restart, likewise
     ]
     routes = StateRoutes(
         registry=Registry(), catalog=catalog_of(Registry(), {("m", "1"): sched}),
@@ -133,7 +135,9 @@ def test_replica_states_and_ids_match_the_log_files() -> None:
         (2, "restarting", "m-1-2.log"),
         (3, "draining", "m-1-3.log"),
         (4, "failed", "m-1-4.log"),
+        (5, "queued", "m-1-5.log"),
+        (6, "queued", "m-1-6.log"),
         (11, "ready", None),
     ]
     assert states[0]["restarts"] == 2 and states[0]["connected"] is True
-    assert states[5]["location"] == "external"
+    assert states[7]["location"] == "external"

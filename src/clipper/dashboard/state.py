@@ -3,6 +3,8 @@ their states, and the weights an application's selection policy gives its models
 
 A replica's state joins what its manager says of the process with whether it is connected:
 
+* ``queued``: waiting for one of the replica starts allowed at once (the local manager's
+  ``replica_starts``); no process yet;
 * ``starting``: its process was started and has not connected yet (first start);
 * ``restarting``: its process exited (or was killed) and it is not connected again yet;
 * ``ready``: connected and taking batches; ``draining``: connected, taking no new batches;
@@ -45,7 +47,7 @@ __all__ = [
 DecisionOf = Callable[[str, str], "LastDecision | None"]
 """The autoscaler's latest decision for a version (None: it drives it not, or has not decided)."""
 
-REPLICA_STATES = ("starting", "restarting", "ready", "draining", "stopping")
+REPLICA_STATES = ("queued", "starting", "restarting", "ready", "draining", "stopping")
 
 # Policies that pick at random (or by a rule over their state) without a closed form here are
 # estimated by drawing this many selections from the state with a fixed seed: the same state
@@ -56,8 +58,8 @@ _DRAWS = 200
 def _replica_state(
     proc_state: str | None, pid: int | None, restarts: int, r: Replica | None
 ) -> str:
-    if proc_state == "stopping":
-        return "stopping"
+    if proc_state in ("stopping", "queued"):
+        return proc_state
     if r is not None and (proc_state is None or pid is not None):
         return "draining" if r.draining else "ready"
     return "restarting" if restarts else "starting"

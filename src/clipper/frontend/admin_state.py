@@ -360,6 +360,8 @@ class StateRoutes:
                 state = "draining"
             elif proc.restarts >= FAILED_AFTER_RESTARTS:
                 state = "failed"
+            elif proc.state == "queued":
+                state = "queued"  # waiting for one of the starts allowed at once
             elif proc.restarts:
                 state = "restarting"
             else:

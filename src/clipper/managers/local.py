@@ -82,11 +82,15 @@ class ReplicaProcess:
     detached: bool = False
     # Shared mode: the host of the frontend that started it (its pid means something there).
     host: str = ""
+    # Waiting for a place among the starts allowed at once (start_gate.py), not spawned yet.
+    queued: bool = False
 
     @property
     def state(self) -> str:
         if self.stopping:
             return "stopping"
+        if self.queued:
+            return "queued"
         if self.pid is None:
             return "restarting" if self.restarts else "starting"
         return "running"
@@ -514,6 +518,17 @@ class LocalManager:
         """The frontend's environment, with the slot's GPU when the version lists some."""
         return {**self._env(), **replica_env(mv, proc.slot)}
 
+    async def _start(
+        self, proc: ReplicaProcess, spawn: Callable[[], Awaitable[asyncio.subprocess.Process]]
+    ) -> asyncio.subprocess.Process:
+        """``spawn()`` once the start gate gives ``proc`` a place; ``proc`` says ``queued``
+        while it waits for one."""
+        proc.queued = True
+        try:
+            return await self.starts.start(spawn, placed=lambda: setattr(proc, "queued", False))
+        finally:
+            proc.queued = False
+
     async def _supervise(self, mv: ModelVersion, proc: ReplicaProcess) -> None:
         if self.shared is not None:
             await self._supervise_shared(mv, proc)
@@ -523,7 +538,8 @@ class LocalManager:
             self._generation += 1
             proc.token = f"{mv.name}:{mv.version}:{proc.slot}:{self._run}.{self._generation}"
             # Through a pipe, not the file itself: the manager writes it, rotated by size.
-            child = await self.starts.start(
+            child = await self._start(
+                proc,
                 functools.partial(
                     asyncio.create_subprocess_exec,
                     *self._command(mv, proc),
@@ -531,7 +547,7 @@ class LocalManager:
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,
                     env=self._replica_env(mv, proc),
-                )
+                ),
             )
             started = self.clock.now()  # once it had its turn
             assert child.stdout is not None
@@ -572,7 +588,8 @@ class LocalManager:
                 opening.add_done_callback(_close_opened)  # the file arrives after the cancel
                 raise
             try:
-                child = await self.starts.start(
+                child = await self._start(
+                    proc,
                     functools.partial(
                         asyncio.create_subprocess_exec,
                         *self._command(mv, proc),
@@ -581,7 +598,7 @@ class LocalManager:
                         stderr=asyncio.subprocess.STDOUT,
                         env=self._replica_env(mv, proc),
                         start_new_session=True,
-                    )
+                    ),
                 )
             finally:
                 log_file.close()  # the child holds its own copy

@@ -66,10 +66,15 @@ class StartGate:
             self.waiting -= 1
         self.starting += 1
 
-    async def start(self, spawn: Callable[[], Awaitable[T]]) -> T:
-        """:meth:`enter`, then ``spawn()``: the place is given up again if the spawn fails
-        (or is cancelled); otherwise the caller must :meth:`hold` it."""
+    async def start(
+        self, spawn: Callable[[], Awaitable[T]], *, placed: Callable[[], object] | None = None
+    ) -> T:
+        """:meth:`enter`, then ``placed()`` (the wait is over), then ``spawn()``: the place is
+        given up again if the spawn fails (or is cancelled); otherwise the caller must
+        :meth:`hold` it."""
         await self.enter()
+        if placed is not None:
+            placed()
         try:
             return await spawn()
         except BaseException:
