@@ -190,6 +190,10 @@ async def test_bad_files_say_where_and_change_nothing_and_prune_is_explicit(
     assert set(a.registry.apps) == {"x"}
 
 
+def _ctrl_c_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def test_logs_status_and_a_killed_replica(tmp_path: Path) -> None:
     async with Clipper(query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path / "s") as c:
         await c.register_application("sums", "doubles", "-1", 1_000_000)
@@ -229,10 +233,13 @@ async def test_logs_status_and_a_killed_replica(tmp_path: Path) -> None:
         code, out, _ = await cli(c, "status")
         assert code == 0 and "summer-1-0.log" in out and "ready" in out
 
-        # -f prints what comes, and Ctrl-C ends it quietly.
+        # -f prints what comes, and Ctrl-C ends it quietly. A test run started in the
+        # background of a shell has SIGINT ignored, which its children inherit (Python then
+        # installs no handler): the child gets Ctrl-C's default back, as in a terminal.
         follow = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "clipper", "logs", "summer", "-f", "--replica", "0",
             env=_env(c), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            preexec_fn=_ctrl_c_default,  # signal() only: safe between fork and exec
         )  # fmt: skip
         assert follow.stdout is not None
         first = await asyncio.wait_for(follow.stdout.readline(), 30)
