@@ -30,8 +30,7 @@ from typing import Any
 import orjson
 
 from clipper.config import BatchingConfig
-from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError
-from clipper.store.base import StoreError
+from clipper.errors import ClipperError, ConfigError, RegistryError, RequestError, StoreError
 
 __all__ = ["Client"]
 

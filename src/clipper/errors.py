@@ -37,7 +37,7 @@ module to keep it so). Classes defined beside their only raiser name their modul
     │                          [runtime.control]
     ├── FieldError             an admin body off its route's schema [frontend.admin_fields]
     ├── ArchiveTooLarge        upload over its unpacked size or file limit [archives]
-    ├── StoreError             the config store's backend failed; nothing changed (503) [store.base]
+    ├── StoreError             the config store's backend failed; nothing changed (503)
     ├── ModelError             a model raised while predicting (carries its message)
     │   └── ModelOutputError   an output that cannot be served: NaN, not JSON, too large
     ├── OverloadedError        a query shed because it cannot meet its deadline (queue full/slow)
@@ -74,6 +74,7 @@ __all__ = [
     "RegistryError",
     "ReplicaError",
     "RequestError",
+    "StoreError",
     "WireError",
 ]
 
@@ -142,6 +143,11 @@ class DeadlineExceeded(ClipperError):
 class ClientGone(ClipperError):
     """Every query waiting for an input was abandoned (its client closed its connection or
     reset its stream): the input is dropped from its model's queue, never evaluated."""
+
+
+class StoreError(ClipperError):
+    """The store's backend failed (cannot open the file, server unreachable, bad record).
+    Here, not beside the stores: the client raises it too, and must not import them."""
 
 
 class ReplicaError(ClipperError):

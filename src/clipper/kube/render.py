@@ -23,11 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from clipper.errors import ClipperError, ConfigError
 from clipper.kube.manifests import KubeSettings, frontend_objects
-from clipper.rpc.auth import ensure_keys
 
 __all__ = [
     "add_render_command",
@@ -43,6 +40,9 @@ ADMIN_TOKEN_FILE = "admin.token"
 
 def read_keys(directory: Path | None) -> dict[str, str]:
     """The deployment's key files: from ``directory`` (made there if missing), or fresh."""
+    # Imported here: every `clipper` command builds this parser, few render (zmq: 35 ms).
+    from clipper.rpc.auth import ensure_keys
+
     if directory is not None:
         ensure_keys(directory)
         return {f: (directory / f).read_text() for f in KEY_FILES}
@@ -70,6 +70,8 @@ def render_documents(
     settings: KubeSettings, keys: dict[str, str] | None, admin_token: str | None = None
 ) -> str:
     """The objects as one multi-document YAML stream, in apply order."""
+    import yaml  # as above: only for a render
+
     docs: list[dict[str, Any]] = frontend_objects(settings, keys, admin_token)
     text: str = yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
     return text

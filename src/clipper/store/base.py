@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from clipper.errors import ClipperError, ConfigError
+from clipper.errors import ConfigError, StoreError
 
 __all__ = [
     "CONFIG_KINDS",
@@ -91,10 +91,6 @@ ACCEPTED_URLS: Final = (
 SQLITE_FILENAME: Final = "clipper.db"
 # A path with one of these suffixes names the database file itself; anything else is a directory.
 _SQLITE_SUFFIXES: Final = (".db", ".sqlite", ".sqlite3")
-
-
-class StoreError(ClipperError):
-    """The store's backend failed (cannot open the file, server unreachable, bad record)."""
 
 
 @dataclass(frozen=True, slots=True)
