@@ -1,6 +1,7 @@
 """The promise on a busy machine: defaults and tails with another program on the frontend's core.
 
     python benchmarks/busy_machine.py [--rounds 2] [--duration 5] [--rates 0.5,0.7]
+        [--saturation 256] [--rules backlog,wall]
 
 The frontend and its model container share CPU 0 (``serve.py --cpus 0``); the load runs from
 this process, pinned to CPU 1. The model spends 1 ms of CPU per batch + 50 us per input
@@ -16,8 +17,9 @@ For each: a closed loop of 32 connections (wrk): goodput and the share of defaul
 reason (the server's counters), client p99; then Poisson open loops (MLCommons LoadGen's Server
 scenario, ``loadgen.open_loop(poisson=True)``; p99 is LoadGen's) at fractions (``--rates``) of
 that closed-loop goodput (the capacity in the same conditions, hog or not): the share of
-defaults and client p99. Medians over the rounds; every round's numbers are in the results file.
-Loopback only; every server and hog is stopped by PID.
+defaults and client p99; then saturation, a closed loop of ``--saturation`` connections (256 by
+default; wrk's own p99). Medians over the rounds; every round's numbers are in the results
+file. Loopback only; every server and hog is stopped by PID.
 """
 
 from __future__ import annotations
@@ -57,11 +59,13 @@ def hog(cpu: int) -> Iterator[None]:
         proc.wait()
 
 
-def measure(url: str, qport: int, *, rate: float | None, duration: float) -> dict[str, Any]:
+def measure(
+    url: str, qport: int, *, rate: float | None, duration: float, conns: int = 32
+) -> dict[str, Any]:
     before = server_latency(qport)
     if rate is None:
         res = loadgen.closed_loop(
-            url, BODY, 32, duration_s=duration, engine="wrk", count_defaults=False
+            url, BODY, conns, duration_s=duration, engine="wrk", count_defaults=False
         )
     else:
         # Poisson arrivals by LoadGen, its p99 bound the server's SLO.
@@ -84,6 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--rates", default="0.5,0.7", help="open-loop rates, shares of capacity")
+    p.add_argument(
+        "--saturation", type=int, default=256,
+        help="connections of the saturating closed loop, quiet and beside the hog (0: none)",
+    )  # fmt: skip
+    p.add_argument("--rules", default=",".join(RULES), help="shedding rules to compare")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if (os.cpu_count() or 1) < 2:
@@ -96,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: dict[str, list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as stack:
         urls: dict[str, tuple[str, int]] = {}
-        for rule, extra in RULES.items():
+        for rule in args.rules.split(","):
+            extra = RULES[rule]
             qp, rp = free_port(), free_port()
             cmd = [
                 str(HERE / "serve.py"), "--query-port", str(qp), "--rpc-port", str(rp),
@@ -114,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rate = share * capacity["goodput"]
                     got = measure(url, qp, rate=rate, duration=args.duration)
                     rows.setdefault(f"{rule}/quiet/poisson{share:g}", []).append(got)
+                if args.saturation:
+                    sat = measure(url, qp, rate=None, duration=args.duration, conns=args.saturation)
+                    rows.setdefault(f"{rule}/quiet/closed{args.saturation}", []).append(sat)
                 with hog(0):
                     busy = measure(url, qp, rate=None, duration=args.duration)
                     rows.setdefault(f"{rule}/hog/closed", []).append(busy)
@@ -121,6 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         rate = share * busy["goodput"]
                         got = measure(url, qp, rate=rate, duration=args.duration)
                         rows.setdefault(f"{rule}/hog/poisson{share:g}", []).append(got)
+                    if args.saturation:
+                        sat = measure(
+                            url, qp, rate=None, duration=args.duration, conns=args.saturation
+                        )
+                        rows.setdefault(f"{rule}/hog/closed{args.saturation}", []).append(sat)
                 run.log(f"round {r} {rule} done")
     print(f"\n{'variant':28} {'goodput/s':>10} {'defaults':>9} {'p99 ms':>8}  reasons")
     summary: dict[str, dict[str, float]] = {}
