@@ -95,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rules", default=",".join(RULES), help="shedding rules to compare")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if unknown := set(args.rules.split(",")) - set(RULES):
+        p.error(
+            f"--rules: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(RULES)}"
+        )
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("needs two CPUs: the frontend on one, the load on the other")
     os.sched_setaffinity(0, {1})  # the load (and wrk, a child) on CPU 1
@@ -118,27 +122,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             loadgen.closed_loop(url, BODY, 32, duration_s=1.0, engine="wrk")
         for r in range(args.rounds):
             for rule, (url, qp) in urls.items():
-                capacity = measure(url, qp, rate=None, duration=args.duration)
-                rows.setdefault(f"{rule}/quiet/closed", []).append(capacity)
-                for share in shares:
-                    rate = share * capacity["goodput"]
-                    got = measure(url, qp, rate=rate, duration=args.duration)
-                    rows.setdefault(f"{rule}/quiet/poisson{share:g}", []).append(got)
-                if args.saturation:
-                    sat = measure(url, qp, rate=None, duration=args.duration, conns=args.saturation)
-                    rows.setdefault(f"{rule}/quiet/closed{args.saturation}", []).append(sat)
-                with hog(0):
-                    busy = measure(url, qp, rate=None, duration=args.duration)
-                    rows.setdefault(f"{rule}/hog/closed", []).append(busy)
-                    for share in shares:  # of the capacity left beside the hog
-                        rate = share * busy["goodput"]
+
+                def one_condition(name: str, url: str = url, qp: int = qp) -> None:
+                    """The closed loop (the capacity in this condition), Poisson at shares of
+                    it, then saturation."""
+                    capacity = measure(url, qp, rate=None, duration=args.duration)
+                    rows.setdefault(f"{name}/closed", []).append(capacity)
+                    for share in shares:
+                        rate = share * capacity["goodput"]
                         got = measure(url, qp, rate=rate, duration=args.duration)
-                        rows.setdefault(f"{rule}/hog/poisson{share:g}", []).append(got)
+                        rows.setdefault(f"{name}/poisson{share:g}", []).append(got)
                     if args.saturation:
                         sat = measure(
                             url, qp, rate=None, duration=args.duration, conns=args.saturation
                         )
-                        rows.setdefault(f"{rule}/hog/closed{args.saturation}", []).append(sat)
+                        rows.setdefault(f"{name}/closed{args.saturation}", []).append(sat)
+
+                one_condition(f"{rule}/quiet")
+                with hog(0):
+                    one_condition(f"{rule}/hog")
                 run.log(f"round {r} {rule} done")
     print(f"\n{'variant':28} {'goodput/s':>10} {'defaults':>9} {'p99 ms':>8}  reasons")
     summary: dict[str, dict[str, float]] = {}
