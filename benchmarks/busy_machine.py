@@ -1,17 +1,21 @@
 """The promise on a busy machine: defaults and tails with another program on the frontend's core.
 
     python benchmarks/busy_machine.py [--rounds 2] [--duration 5] [--rates 0.5,0.7]
-        [--saturation 256] [--rules backlog,wall]
+        [--saturation 256] [--rules backlog,wall,nice5,aimd1,before] [--trace]
 
 The frontend and its model container share CPU 0 (``serve.py --cpus 0``); the load runs from
 this process, pinned to CPU 1. The model spends 1 ms of CPU per batch + 50 us per input
 (``serve.py --model spin``), with a 20 ms SLO and the prediction cache off. Each variant is a
 shedding rule crossed with a CPU hog (a busy loop pinned to CPU 0) off or on:
 
-* ``backlog``: the current rule — the loop's lateness counts only for the CPU it spent on its
-  own work (:attr:`clipper.query.loop_lag.LoopLagMonitor.backlog_s`);
+* ``backlog``: the current settings — the loop's lateness counts only for the CPU it spent on
+  its own work (:attr:`clipper.query.loop_lag.LoopLagMonitor.backlog_s`), containers at the
+  frontend's priority, AIMD shrinking from the second over-target batch in a row;
 * ``wall``: every millisecond the loop's timer is late counts, descheduled time included (the
-  rule before; ``serve.py --shed-on-wall-lag``).
+  rule before; ``serve.py --shed-on-wall-lag``);
+* ``nice5``: containers 5 nicer than the frontend (the default before 2026-12-07);
+* ``aimd1``: AIMD shrinking at every over-target batch (the paper's rule, the default before);
+* ``before``: both of the last two (the settings before 2026-12-07).
 
 For each: a closed loop of 32 connections (wrk): goodput and the share of default outputs by
 reason (the server's counters), client p99; then Poisson open loops (MLCommons LoadGen's Server
@@ -44,7 +48,13 @@ from report import HERE, Config, Run, free_port, server
 
 BODY = orjson.dumps({"input": [0.5] * 64})
 SLO_MS = 20.0
-RULES = {"backlog": [], "wall": ["--shed-on-wall-lag"]}
+RULES = {
+    "backlog": [],
+    "wall": ["--shed-on-wall-lag"],
+    "nice5": ["--container-nice", "5"],
+    "aimd1": ["--backoff-after", "1"],
+    "before": ["--container-nice", "5", "--backoff-after", "1"],
+}
 
 
 @contextlib.contextmanager
@@ -93,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="connections of the saturating closed loop, quiet and beside the hog (0: none)",
     )  # fmt: skip
     p.add_argument("--rules", default=",".join(RULES), help="shedding rules to compare")
+    p.add_argument(
+        "--trace", action="store_true",
+        help="each server writes its admission state every 50 ms to <rule>.trace.jsonl",
+    )  # fmt: skip
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if unknown := set(args.rules.split(",")) - set(RULES):
@@ -115,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd = [
                 str(HERE / "serve.py"), "--query-port", str(qp), "--rpc-port", str(rp),
                 "--model", "spin", "--slo-ms", f"{SLO_MS:g}", "--cpus", "0", *extra,
+                *(["--trace", str(out_dir / f"{rule}.trace.jsonl")] if args.trace else []),
             ]  # fmt: skip
             stack.enter_context(server(rule, cmd, qp, run))
             urls[rule] = (f"http://127.0.0.1:{qp}/bench/predict", qp)

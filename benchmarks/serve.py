@@ -60,12 +60,14 @@ def _batching(args: argparse.Namespace) -> Any:
             in_flight=args.in_flight,
             wait=args.wait,
         )
+    params = {} if args.backoff_after is None else {"backoff_after": args.backoff_after}
     return BatchingConfig(
         controller=args.controller,
         max_batch_size=args.max_batch_size,
         max_wait_micros=wait,
         in_flight=args.in_flight,
         wait=args.wait,
+        params=params if args.controller == "aimd" else {},
     )
 
 
@@ -78,6 +80,7 @@ async def run(args: argparse.Namespace) -> None:
         rpc_port=args.rpc_port,
         admin_port=0,
         trace_ratio=args.trace_ratio,  # traces only when OTEL_* turn them on (docs/tracing.md)
+        **({} if args.container_nice is None else {"container_nice": args.container_nice}),
     ) as clipper:
         if args.shed_on_wall_lag:  # the "before" of pricing the loop's own backlog only
             clipper.loop_lag._cpu = time.monotonic  # every late millisecond counts as work
@@ -178,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--trace-ratio", type=float, default=None, help="trace sampling ratio (with OTEL_*)"
     )
     p.add_argument("--trace", default=None, help="write admission state every 50 ms here")
+    p.add_argument(
+        "--backoff-after", type=int, default=None, help="aimd: over-target batches in a row"
+    )
+    p.add_argument("--container-nice", type=int, default=None, help="container nice (default 0)")
     args = p.parse_args(argv)
     if args.cpus:  # before any container starts: they inherit it
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})

@@ -167,12 +167,13 @@ def test_capacity_is_the_largest_batch_that_fits_the_slo_target_over_its_latency
     sched.mv = replace(mv, batching=BatchingConfig(controller="fixed", max_batch_size=4))
     sched.replicas = [StubReplica(fixed)]
     assert replica_capacity(as_sched) == pytest.approx(80.0)
-    # a flat line fitted on batches of 1 and 2 (one stall made its slope negative, flattened
+    # a flat line fitted on batches of 1 and 2 (a stall made its slope negative, flattened
     # to the mean) is trusted up to 4x the batch the controller allows now, not to 4096
     flat = AIMDController(0.1)
     for _ in range(20):
         flat.observe(1, 0.02)
         flat.observe(2, 0.02)
+    flat.observe(1, 0.5)
     flat.observe(1, 0.5)
     sched.mv, sched.replicas = mv, [StubReplica(flat)]
     bound = 4 * flat.max_batch_size()

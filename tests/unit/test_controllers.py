@@ -57,7 +57,7 @@ def test_aimd_holds_inside_the_band() -> None:
 
 
 def test_aimd_backs_off_multiplicatively_with_floor() -> None:
-    c = AIMDController(TARGET, slow_start=False, initial=100)
+    c = AIMDController(TARGET, slow_start=False, initial=100, backoff_after=1)  # the paper's
     seen = []
     for _ in range(3):
         c.observe(c.max_batch_size(), SLOW)
@@ -77,8 +77,31 @@ def test_aimd_does_not_grow_on_non_full_batches_but_backs_off() -> None:
     for _ in range(20):
         c.observe(4, FAST)
     assert c.max_batch_size() == 10
-    c.observe(4, SLOW)  # an over-target batch shrinks the cap even when not full
+    c.observe(4, SLOW)
+    c.observe(4, SLOW)  # over-target batches shrink the cap even when not full
     assert c.max_batch_size() == 9
+
+
+def test_aimd_one_slow_batch_among_fast_ones_does_not_shrink_the_cap() -> None:
+    """Beside another program on the core, a batch now and then waits out its time slice:
+    that says nothing about the batch's size. Shrinking at each such batch drove the cap to 1."""
+    c = AIMDController(TARGET, slow_start=False, initial=40)
+    for _ in range(30):
+        c.observe(40, SLOW)  # one batch over the target...
+        c.observe(40, IN_BAND)  # ...then one within it: never two in a row
+    assert c.max_batch_size() == 40
+
+
+def test_aimd_backs_off_from_the_second_slow_batch_in_a_row() -> None:
+    c = AIMDController(TARGET, slow_start=False, initial=100)
+    seen = []
+    for _ in range(4):
+        c.observe(c.max_batch_size(), SLOW)
+        seen.append(c.max_batch_size())
+    assert seen == [100, 90, 81, 72]
+    c.observe(72, FAST)  # the run ends: the next slow batch is again the first
+    c.observe(74, SLOW)
+    assert c.max_batch_size() == 74
 
 
 def test_aimd_expected_latency_tracks_linear_cost() -> None:
@@ -112,6 +135,7 @@ def test_aimd_rejects_bad_observations() -> None:
         {"max_size": 0},
         {"hold_band": 1.0},
         {"hold_band": -0.1},
+        {"backoff_after": 0},
     ],
 )
 def test_aimd_rejects_bad_parameters(kwargs: dict[str, float]) -> None:
@@ -349,6 +373,8 @@ def test_make_controller_builds_each_kind() -> None:
         ("aimd", TARGET, {"size": 4}, "unknown parameter"),
         ("aimd", TARGET, {"backoff": "0.5"}, "'backoff' must be a finite number"),
         ("aimd", TARGET, {"backoff": 1.5}, "backoff"),
+        ("aimd", TARGET, {"backoff_after": 0}, "backoff_after must be >= 1"),
+        ("aimd", TARGET, {"backoff_after": 1.5}, "'backoff_after' must be an integer"),
         ("quantile", TARGET, {"quantile": 2}, "quantile"),
     ],
 )
