@@ -105,6 +105,8 @@ async def run(args: argparse.Namespace) -> None:
             batching=_batching(args),
         )
         await clipper.link_model_to_app(APP, MODEL)
+        if args.no_extend:  # the "before" of sending a long queue whole
+            clipper.catalog.by_key[(MODEL, VERSION)].extend = False
         clipper.freeze_heap()  # before "ready": the load starts at once
         print("ready", flush=True)
         if args.trace:
@@ -181,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--trace-ratio", type=float, default=None, help="trace sampling ratio (with OTEL_*)"
     )
     p.add_argument("--trace", default=None, help="write admission state every 50 ms here")
+    p.add_argument("--no-extend", action="store_true", help="batches never past the cap")
     p.add_argument(
         "--backoff-after", type=int, default=None, help="aimd: over-target batches in a row"
     )
