@@ -1,7 +1,7 @@
 """The promise on a busy machine: defaults and tails with another program on the frontend's core.
 
     python benchmarks/busy_machine.py [--rounds 2] [--duration 5] [--rates 0.5,0.7]
-        [--saturation 256] [--rules backlog,wall,nice5,aimd1,noextend,before] [--trace]
+        [--saturation 256] [--rules backlog,nocollect,before,...] [--trace]
 
 The frontend and its model container share CPU 0 (``serve.py --cpus 0``); the load runs from
 this process, pinned to CPU 1. The model spends 1 ms of CPU per batch + 50 us per input
@@ -17,7 +17,9 @@ shedding rule crossed with a CPU hog (a busy loop pinned to CPU 0) off or on:
 * ``nice5``: containers 5 nicer than the frontend (the default before 2026-12-07);
 * ``aimd1``: AIMD shrinking at every over-target batch (the paper's rule, the default before);
 * ``noextend``: batches never past the controller's cap (``serve.py --no-extend``);
-* ``before``: the last three together (the settings before 2026-12-07).
+* ``nocollect``: a deadline answers its default without first reading the replicas' answers
+  waiting in the socket (``serve.py --no-collect``);
+* ``before``: the last four together (the settings before 2026-12-07).
 
 For each: a closed loop of 32 connections (wrk): goodput and the share of default outputs by
 reason (the server's counters), client p99; then Poisson open loops (MLCommons LoadGen's Server
@@ -55,8 +57,9 @@ RULES = {
     "wall": ["--shed-on-wall-lag"],
     "nice5": ["--container-nice", "5"],
     "aimd1": ["--backoff-after", "1"],
-    "before": ["--container-nice", "5", "--backoff-after", "1", "--no-extend"],
+    "before": ["--container-nice", "5", "--backoff-after", "1", "--no-extend", "--no-collect"],
     "noextend": ["--no-extend"],
+    "nocollect": ["--no-collect"],
 }
 
 

@@ -107,6 +107,8 @@ async def run(args: argparse.Namespace) -> None:
         await clipper.link_model_to_app(APP, MODEL)
         if args.no_extend:  # the "before" of sending a long queue whole
             clipper.catalog.by_key[(MODEL, VERSION)].extend = False
+        if args.no_collect:  # the "before" of reading waiting answers at a deadline
+            clipper.rpc.collect = lambda: None
         clipper.freeze_heap()  # before "ready": the load starts at once
         print("ready", flush=True)
         if args.trace:
@@ -184,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--trace", default=None, help="write admission state every 50 ms here")
     p.add_argument("--no-extend", action="store_true", help="batches never past the cap")
+    p.add_argument("--no-collect", action="store_true", help="deadlines read no waiting answer")
     p.add_argument(
         "--backoff-after", type=int, default=None, help="aimd: over-target batches in a row"
     )

@@ -6,7 +6,7 @@ deadline timers are armed on the clock and fire inside ``clock.advance``."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -40,6 +40,8 @@ class Transport:
         # msg id -> the tasks the batch carried (the wire sees payloads only: read from the
         # replica's in-flight record while it is there)
         self.tasks: dict[int, list[Task]] = {}
+        # Answers that arrived while the loop was away: read only by collect().
+        self.unread: list[Callable[[], None]] = []
 
     def send_batch(
         self,
@@ -50,6 +52,12 @@ class Transport:
     ) -> int:
         self.sent.append((link, len(self.sent), list(payloads)))
         return len(self.sent) - 1
+
+    def collect(self) -> None:
+        """The answers that arrived unread (:attr:`unread`) are read now."""
+        unread, self.unread = self.unread, []
+        for deliver in unread:
+            deliver()
 
     def capture(self) -> None:
         for link, msg_id, _ in self.sent:
@@ -188,6 +196,32 @@ def test_a_query_gets_the_default_output_exactly_at_its_deadline(
     f.answer("m", [5.0])  # the late answer is not a second response
     assert len(answers.got) == 1
     assert f.clock.pending() == 0
+
+
+def test_an_answer_that_arrived_unread_when_the_deadline_timer_fires_is_the_answer(
+    frontends: list[Frontend],
+) -> None:
+    """The loop was away (another program had the core) past the query's deadline timer; the
+    replica's answer arrived meanwhile. The loop runs due timers before it reads its sockets:
+    the timer reads the waiting answers first, and the query gets the prediction."""
+    f = Frontend(single_app(), ["m"])
+    frontends.append(f)
+    answers = Answers(f.clock)
+    f.predict("app", b'{"input": [1.0]}', answers)
+    f.transport.unread.append(lambda: f.answer("m", [5.0]))  # in the socket, not read yet
+    f.clock.advance(0.030)  # the deadline timer (due at 18 ms) fires before any socket read
+    _, doc = answers.one()
+    assert doc["default"] is False and doc["output"] == 5.0
+    assert f.transport.unread == []
+    assert f.clock.pending() == 0
+    # With nothing waiting, the timer answers the default as before.
+    g = Frontend(single_app(), ["m"])
+    frontends.append(g)
+    late = Answers(g.clock)
+    g.predict("app", b'{"input": [1.0]}', late)
+    g.clock.advance(0.030)
+    _, doc = late.one()
+    assert doc["default"] is True and doc["default_explanation"] == SLO_MISSED
 
 
 def test_an_answer_before_the_deadline_cancels_the_deadline_timer(

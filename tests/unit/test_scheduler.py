@@ -61,6 +61,9 @@ class FakeTransport:
         self.batch_sent.set()
         return msg_id
 
+    def collect(self) -> None:
+        """Nothing arrives unread here: the tests answer batches themselves."""
+
     def payloads(self, i: int) -> list[bytes]:
         return self.sent[i][2]
 

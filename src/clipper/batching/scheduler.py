@@ -120,6 +120,10 @@ class Transport(Protocol):
         """Send the batch; return its message id. ``traceparent``: a traced batch's context."""
         ...
 
+    def collect(self) -> None:
+        """Take in the answers that already arrived and wait to be read (never blocks)."""
+        ...
+
 
 # Admission prices queues with the batch latencies measured so far only after this many
 # batches: it admits everything before (0 capacity means "not known yet").
@@ -573,6 +577,11 @@ class ModelScheduler:
         if q:
             # Nobody free: a response will pump again; meanwhile expire what cannot make it.
             self._arm(now, max(q.earliest_deadline() - now, 0.0))
+
+    def collect_answers(self) -> None:
+        """Read the replicas' answers that have arrived but not been read yet: a query whose
+        deadline timer fires asks first (see :meth:`clipper.query.single._Query.on_deadline`)."""
+        self.transport.collect()
 
     def _extended(self, c: BatchController, cap: int, pending: int, now: float) -> int:
         """The batch for a queue longer than the controller's cap: the whole queue (up to

@@ -144,6 +144,13 @@ class _Query(Abandonable, PendingQuery):
         self.timer = None
         if self.reply is None:
             return
+        if self.sched is not None:
+            # The loop runs due timers before it reads its sockets: after a stretch without
+            # the core (another program's time slice), this query's answer may have arrived
+            # while its timer waited. Read it first: a prediction now beats a default now.
+            self.sched.collect_answers()
+            if self.reply is None or self.remaining == 0:
+                return
         reason, why = self.late()
         for i in range(self.n):
             if self.outputs[i] is _UNSET:

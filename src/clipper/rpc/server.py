@@ -229,6 +229,14 @@ class RpcServer(Generic[P]):
                 return True
         return False
 
+    def collect(self) -> None:
+        """Read the messages that have arrived, now rather than when the loop next polls its
+        sockets. A query's deadline timer asks before it answers a default: a loop that was
+        descheduled past a deadline runs its due timers first and reads its sockets after, so
+        a prediction that arrived meanwhile would lose to the default it could have replaced."""
+        if self._sock is not None:
+            self._drain()
+
     # outbound
     def send_batch(
         self,
