@@ -316,6 +316,20 @@ def test_a_straggling_model_is_cut_at_the_deadline_and_the_others_answer(
     assert f.clock.pending() == 0
 
 
+def test_an_ensembles_output_that_arrived_unread_at_the_deadline_counts(
+    frontends: list[Frontend],
+) -> None:
+    f = ensemble(frontends, ["fast", "slow"])
+    answers = Answers(f.clock)
+    f.predict("app", b'{"input": [1.0]}', answers)
+    f.answer("fast", [2.5])
+    f.transport.unread.append(lambda: f.answer("slow", [2.5]))  # arrived, not read yet
+    f.clock.advance(0.030)
+    _, doc = answers.one()
+    assert sorted(doc["models"]) == ["fast", "slow"]  # read before the ensemble was cut
+    assert f.transport.unread == []
+
+
 def test_an_ensemble_answers_at_once_when_every_model_has_answered(
     frontends: list[Frontend],
 ) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from clipper.batching.queue import STANDARD
+from clipper.batching.scheduler import ModelScheduler
 from clipper.cache import Abandonable
 from clipper.clock import Clock, TimerHandle, wait_all
 from clipper.errors import (
@@ -301,6 +302,7 @@ class SelectionRunner:
                 submitted |= seam.submit(app, sched, payload, deadline, waiter, rank)
             if submitted:
                 sched.pump()
+                q.sched = sched
             if shadow is not None:
                 shadow.fire()
         if q.reply is not None:
@@ -449,6 +451,7 @@ class EnsembleQuery(PendingQuery):
         "n",
         "outputs",
         "remaining",
+        "sched",
         "sel",
         "state",
     )
@@ -482,6 +485,9 @@ class EnsembleQuery(PendingQuery):
         self.deadline = deadline
         self.timer: TimerHandle | None = None
         self.gone = False  # the client went away: nothing is answered
+        # One of the schedulers its inputs went to: they share the replicas' transport, which
+        # the deadline reads before it answers (see _Query.on_deadline in single.py).
+        self.sched: ModelScheduler | None = None
 
     def waiter(self, i: int, model: str) -> Waiter:
         return _Member(self, i, model)
@@ -509,8 +515,13 @@ class EnsembleQuery(PendingQuery):
 
     def on_deadline(self) -> None:
         self.timer = None
-        if self.reply is not None:
-            self.finish()
+        if self.reply is None:
+            return
+        if self.sched is not None:
+            self.sched.collect_answers()  # outputs that arrived unread still count
+            if self.reply is None:
+                return
+        self.finish()
 
 
 class _Member(Abandonable):
