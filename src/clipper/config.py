@@ -283,8 +283,8 @@ class FrontendConfig:
     )
     # Containers run this much below the frontend's CPU priority (0: the same). Every query
     # needs both the event loop and its model's container: beside another program on the same
-    # core, a niced container gets the smallest share of the three (nice 5: 14% of the core
-    # against a busy loop's 43%), and its batches, not the loop, miss the deadlines.
+    # core, a niced container (nice 5 weighs a third of nice 0) gets the smallest share, and
+    # its batches, not the loop, miss the deadlines (docs/containers.md).
     container_nice: int = field(
         default=0, metadata=cli("containers run this much nicer than the frontend")
     )
