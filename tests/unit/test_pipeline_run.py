@@ -128,6 +128,23 @@ def test_a_slow_stage_with_a_default_is_degraded_at_its_deadline(
                     outcome="degraded") == 1  # fmt: skip
 
 
+def test_a_stage_answer_that_arrived_unread_at_its_deadline_is_used(
+    frontends: list[Frontend],
+) -> None:
+    """The stage's deadline timer reads the answers that arrived unread before it degrades
+    the stage (the loop runs due timers before it reads its sockets)."""
+    f = three(frontends, default=0.5)
+    answers = f.ask()
+    f.answer("feat", [{"vec": [1.0]}])
+    f.transport.unread.append(lambda: f.answer("score", [0.9]))
+    f.clock.advance(END - 0.015)  # score's deadline
+    [post] = f.batches("post")
+    assert decode_payload(InputType.JSON, post.payload)["score"] == 0.9
+    f.answer("post", ["done"])
+    _, doc = answers.one()
+    assert doc["output"] == "done" and "degraded" not in doc
+
+
 def test_a_slow_optional_stage_is_dropped(frontends: list[Frontend]) -> None:
     f = three(frontends, optional=True)
     answers = f.ask()
