@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
+import zmq
 
 from clipper.batching.scheduler import Replica
 from clipper.clock import FakeClock
@@ -111,6 +112,34 @@ async def test_a_leaving_connection_is_removed_once_its_batches_are_answered(
     rpc._handle([b"c1", *_answer(second, ["B", "C"])])
     assert sink.answers == [("m:1", first, ["A"]), ("m:1", second, ["B", "C"])]
     assert endpoint.removed == [link] and rpc.replicas() == []
+
+
+async def test_collect_reads_the_answers_waiting_in_the_socket_at_once(
+    endpoint: Endpoint,
+) -> None:
+    """A deadline timer asks before it answers a default: the answer already in the socket is
+    handled inside the call, not at the loop's next poll."""
+    rpc, sink = endpoint.rpc, endpoint.sink
+    rpc._handle([b"c1", *wire.encode_new_container("m", "1", InputType.BYTES.code)])
+    [link] = rpc.replicas()
+    msg_id = rpc.send_batch(link, InputType.BYTES, [b"a"])
+    sink.pending[b"c1"] = 1
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        dealer.setsockopt(zmq.IDENTITY, b"c1")
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(rpc.address)
+        dealer.send_multipart(_answer(msg_id, ["A"]))
+        assert rpc._sock is not None and rpc._sock.poll(5000, zmq.POLLIN)  # it has arrived
+        assert sink.answers == []  # nothing read it yet: no await since
+        rpc.collect()
+        assert sink.answers == [("m:1", msg_id, ["A"])]
+        rpc.collect()  # nothing more waiting: a no-op
+        assert len(sink.answers) == 1
+    finally:
+        dealer.close()
+        ctx.term()
 
 
 async def test_an_idle_connection_that_says_goodbye_is_removed_at_once(

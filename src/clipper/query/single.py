@@ -149,7 +149,7 @@ class _Query(Abandonable, PendingQuery):
             # the core (another program's time slice), this query's answer may have arrived
             # while its timer waited. Read it first: a prediction now beats a default now.
             self.sched.collect_answers()
-            if self.reply is None or self.remaining == 0:
+            if self.reply is None:  # answered by what was read
                 return
         reason, why = self.late()
         for i in range(self.n):

@@ -234,8 +234,7 @@ class RpcServer(Generic[P]):
         sockets. A query's deadline timer asks before it answers a default: a loop that was
         descheduled past a deadline runs its due timers first and reads its sockets after, so
         a prediction that arrived meanwhile would lose to the default it could have replaced."""
-        if self._sock is not None:
-            self._drain()
+        self._read()
 
     # outbound
     def send_batch(
@@ -296,7 +295,13 @@ class RpcServer(Generic[P]):
 
     # inbound
     def _drain(self) -> None:
+        """The socket's reader, and the continuation scheduled when a drain left more."""
         self._drain_scheduled = False
+        self._read()
+
+    def _read(self) -> None:
+        """Handle up to a batch of waiting messages; more left: a drain comes back soon.
+        (:meth:`collect` calls this directly, leaving a scheduled drain's flag alone.)"""
         sock = self._sock
         if sock is None:
             return
