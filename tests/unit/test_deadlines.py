@@ -357,3 +357,66 @@ def test_an_ensemble_where_no_model_answers_gets_the_default_at_the_deadline(
     _, doc = answers.one()
     assert doc["default"] is True and doc["output"] == -1
     assert doc["default_explanation"] == SLO_MISSED
+
+
+def restart(f: Frontend, model: str) -> Replica:
+    """The model's replica fails holding its batch; a restarted one connects (and takes the
+    batch again, without answering it)."""
+    old = f.replicas[model]
+    sched = old.scheduler
+    assert sched is not None
+    sched.remove_replica(old)
+    new = Replica(Connection(model.encode() + b"-2", 9, True, 3.0, f.clock.now()))
+    sched.add_replica(new)
+    f.replicas[model] = new
+    return new
+
+
+def test_a_query_lost_with_its_replica_is_a_replica_failure_even_once_one_is_back(
+    frontends: list[Frontend],
+) -> None:
+    f = Frontend(single_app(), ["m"])
+    frontends.append(f)
+    answers = Answers(f.clock)
+    f.predict("app", b'{"input": [1.0]}', answers)
+    f.clock.advance(0.002)
+    new = restart(f, "m")
+    assert len(new.in_flight) == 1  # the restarted replica holds the query again
+    f.clock.advance(0.030)
+    _, doc = answers.one()
+    assert doc["default"] is True
+    assert doc["default_explanation"] == (
+        "No replica of model m:1 is alive: the replica holding this query failed or left "
+        "before answering"
+    )
+    # A failure before a query was queued is not that query's: its miss is the SLO's.
+    later = Answers(f.clock)
+    f.predict("app", b'{"input": [2.0]}', later)
+    f.clock.advance(0.030)
+    _, doc = later.one()
+    assert doc["default_explanation"] == SLO_MISSED
+
+
+def test_an_ensemble_lost_with_its_replicas_is_a_replica_failure_even_once_they_are_back(
+    frontends: list[Frontend],
+) -> None:
+    f = ensemble(frontends, ["a", "b"])
+    answers = Answers(f.clock)
+    f.predict("app", b'{"input": [1.0]}', answers)
+    f.clock.advance(0.002)
+    restart(f, "a")
+    restart(f, "b")
+    f.clock.advance(0.030)
+    _, doc = answers.one()
+    assert doc["default_explanation"] == (
+        "No replica of a chosen model is alive: the replicas holding this query (a, b) failed "
+        "or left before answering"
+    )
+    # One of them still up through the query: the deadline came first.
+    g = ensemble(frontends, ["a", "b"])
+    late = Answers(g.clock)
+    g.predict("app", b'{"input": [1.0]}', late)
+    restart(g, "a")
+    g.clock.advance(0.030)
+    _, doc = late.one()
+    assert doc["default_explanation"] == SLO_MISSED

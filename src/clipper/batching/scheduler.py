@@ -161,6 +161,10 @@ class ModelScheduler:
         self.transport = transport
         self.queue = ModelQueue(queue_capacity)
         self.replicas: list[Replica] = []
+        # When a replica last failed (not drained) holding batches: a query queued before then
+        # that misses its deadline may have been in them (its default says replica failure,
+        # even when a restarted replica is back by the deadline).
+        self.lost_at = float("-inf")
         self.slo_s = slo_s
         self._timer: TimerHandle | None = None
         self._timer_at = float("inf")
@@ -261,6 +265,8 @@ class ModelScheduler:
             # Removed as failed (silent, exited, unreachable): none of its answers is served
             # again. A replica stopped on purpose was drained, and its answers stand.
             self.cache.forget_producer(replica)
+            if replica.in_flight:
+                self.lost_at = self.clock.now()
         self._replica_gauge.set(len(self.replicas))
         self._metrics.forget_replica(self.mv.name, self.mv.version, str(replica.replica_id))
         for tasks, _, _ in replica.in_flight.values():
@@ -577,6 +583,11 @@ class ModelScheduler:
         if q:
             # Nobody free: a response will pump again; meanwhile expire what cannot make it.
             self._arm(now, max(q.earliest_deadline() - now, 0.0))
+
+    def lost_since(self, t: float) -> bool:
+        """Whether a query queued at ``t`` that missed its deadline may have been lost with
+        a replica: none is connected now, or one failed holding batches since ``t``."""
+        return not self.replicas or self.lost_at >= t
 
     def collect_answers(self) -> None:
         """Read the replicas' answers that have arrived but not been read yet: a query whose

@@ -543,11 +543,13 @@ class _Member(Abandonable):
 
 def _late(q: EnsembleQuery, missing: list[str]) -> BaseException:
     """Why no chosen model answered by the deadline: each had a replica when the query was
-    queued (else it was answered at once); if none of them has one now, their replicas failed
-    or left with the query (a replica failure), else the deadline came first."""
+    queued (else it was answered at once); if each of them has none now, or had one fail
+    holding batches since, their replicas failed or left with the query (a replica failure),
+    else the deadline came first."""
     catalog = q.run.catalog
     for model in missing:
-        if catalog.live(model) is not None:
+        sched = catalog.scheduler(model)
+        if sched is not None and not sched.lost_since(q.t0):
             return DeadlineExceeded("no model answered in time")
     if not missing:
         return DeadlineExceeded("no model answered in time")

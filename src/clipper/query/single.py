@@ -160,11 +160,12 @@ class _Query(Abandonable, PendingQuery):
 
     def late(self) -> tuple[DefaultReason, str]:
         """Why an input had no answer by its deadline. The query was queued while its version
-        had a replica; if none is left now, the replica failed or left with it (its batch was
-        queued again, and nothing could take it): a replica failure, not a missed SLO."""
+        had a replica; if none is left now, or one failed holding batches since, the replica
+        failed or left with it (its batch was queued again, and nothing took it in time, or a
+        restarted replica failed on it too): a replica failure, not a missed SLO."""
         sched = self.sched
-        if sched is not None and not sched.replicas:
-            if sched.cold is not None:
+        if sched is not None and sched.lost_since(self.t0):
+            if not sched.replicas and sched.cold is not None:
                 reason = DefaultReason.LOADING if sched.cold.loading else DefaultReason.COLD_START
                 return reason, sched.cold.explain(f"{self.model}:{self.version}")
             return DefaultReason.NO_REPLICA, (
