@@ -369,9 +369,15 @@ class _Server:
         self.heard_at = now
         for address in self.addresses:
             self.add_link(address, now)
+        # A signal wakes the poll at once (the byte lands on the wake-up socket), so a drain
+        # starts while the batches it must answer are still held, not up to a poll later.
+        waking = threading.current_thread() is threading.main_thread()
+        previous = signal.set_wakeup_fd(self.wake_w.fileno()) if waking else -1
         try:
             self.loop()
         finally:
+            if waking:
+                signal.set_wakeup_fd(previous)
             self.readiness.set(False)
             for link in self.links.values():
                 link.close()
