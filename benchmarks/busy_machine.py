@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = Path(args.out or HERE / "results" / f"busy-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
     run = Run(out_dir=out_dir, cfg=Config())
-    shares = [float(x) for x in args.rates.split(",")]
+    shares = [float(x) for x in args.rates.split(",") if x]  # "": closed loops only
     rows: dict[str, list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as stack:
         urls: dict[str, tuple[str, int]] = {}
