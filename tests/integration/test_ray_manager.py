@@ -443,6 +443,9 @@ async def test_a_per_node_limit_holds_through_a_node_loss_and_extra_replicas_wai
         cluster.add_node()
         await wait_for(lambda: len(sched.replicas) == 3, limit_s=30, what="the third replica")
         print(f"node added -> waiting replica connected: {time.monotonic() - t0:.2f} s")
+        # Its node is known from the manager's next status poll, which may come just after
+        # the container connected.
+        await wait_for(lambda: len(spread_of(mgr, "m")) == 3, limit_s=10, what="its node")
         now = spread_of(mgr, "m")
         assert len(now) == 3 and len(set(now)) == 3, now
         await loop.more(20)
