@@ -19,7 +19,9 @@ shedding rule crossed with a CPU hog (a busy loop pinned to CPU 0) off or on:
 * ``noextend``: batches never past the controller's cap (``serve.py --no-extend``);
 * ``nocollect``: a deadline answers its default without first reading the replicas' answers
   waiting in the socket (``serve.py --no-collect``);
-* ``before``: the last four together (the settings before 2026-12-07).
+* ``before``: the last four together (the settings before 2026-12-07);
+* ``noburst``: admission prices a burst at the capacity measured at the last batch, not at
+  the batch its queue forms (``serve.py --no-burst-pricing``).
 
 For each: a closed loop of 32 connections (wrk): goodput and the share of default outputs by
 reason (the server's counters), client p99; then Poisson open loops (MLCommons LoadGen's Server
@@ -60,6 +62,7 @@ RULES = {
     "before": ["--container-nice", "5", "--backoff-after", "1", "--no-extend", "--no-collect"],
     "noextend": ["--no-extend"],
     "nocollect": ["--no-collect"],
+    "noburst": ["--no-burst-pricing"],
 }
 
 

@@ -107,6 +107,8 @@ async def run(args: argparse.Namespace) -> None:
         await clipper.link_model_to_app(APP, MODEL)
         if args.no_extend:  # the "before" of sending a long queue whole
             clipper.catalog.by_key[(MODEL, VERSION)].extend = False
+        if args.no_burst_pricing:  # the "before" of pricing a burst at its whole batch
+            clipper.catalog.by_key[(MODEL, VERSION)].burst_pricing = False
         if args.no_collect:  # the "before" of reading waiting answers at a deadline
             clipper.rpc.collect = lambda: None
         clipper.freeze_heap()  # before "ready": the load starts at once
@@ -190,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--backoff-after", type=int, default=None, help="aimd: over-target batches in a row"
     )
+    p.add_argument(
+        "--no-burst-pricing", action="store_true",
+        help="price a burst at the measured capacity, not at the batch its queue forms",
+    )  # fmt: skip
     p.add_argument("--container-nice", type=int, default=None, help="container nice (default 0)")
     args = p.parse_args(argv)
     if args.cpus:  # before any container starts: they inherit it

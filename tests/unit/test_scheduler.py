@@ -247,6 +247,33 @@ async def test_a_queue_past_the_cap_keeps_the_cap_when_the_larger_batch_would_be
     assert [len(p) for _, _, p in g.transport.sent] == [4]
 
 
+async def test_a_burst_is_priced_at_the_batch_its_queue_forms_not_at_the_cap(
+    harness_factory: Any, trust_one_batch: None
+) -> None:
+    """The capacity is measured at batch boundaries. After an idle spell or a flood that
+    shrank the cap to 4, a burst of clients arrives at once: priced at batches of 4 (10 ms +
+    1 ms an input: 286 inputs/s) a 30 ms deadline admits 8; the queue goes out as one batch
+    when its deadlines allow, and a batch of 20 takes 30 ms: 20 are admitted."""
+    h = harness_factory(batching=AIMD_4)
+    aimd_at(h, 4)
+    h.submit(b"first")
+    h.clock.advance(0.011)
+    h.respond(0)
+    admitted = 0
+    for k in range(40):
+        try:
+            h.sched.submit(h.task(b"q%d" % k, slo_s=0.0305))
+        except OverloadedError:
+            break
+        admitted += 1
+    assert admitted == 20
+    # The frontend's own admission (and a pipeline's budget) reads the same price: the next
+    # input would ride a batch of 21 (31 ms), not wait out 21 inputs at 286/s (73 ms).
+    assert h.sched.expected_latency_s() == pytest.approx(0.031)
+    h.sched.pump()
+    assert [len(p) for _, _, p in h.transport.sent[1:]] == [20]
+
+
 async def test_max_batch_size_bounds_the_whole_queue_batch(harness_factory: Any) -> None:
     h = harness_factory(
         batching=BatchingConfig(

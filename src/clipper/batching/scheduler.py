@@ -180,6 +180,8 @@ class ModelScheduler:
         # A queue longer than the cap goes out whole when that still meets its deadlines
         # (:meth:`_extended`); off only to measure what it changes.
         self.extend = True
+        # A burst is priced at the batch its queue forms (:meth:`submit`); off only to measure.
+        self.burst_pricing = True
         self.closed = False
         labels = {"model": mv.name, "version": mv.version}
         self._metrics = metrics
@@ -314,12 +316,16 @@ class ModelScheduler:
             # headroom kept for the classes above it, so that they find replicas free.
             elsewhere = self._queued_elsewhere_s()
             rank = task.rank
-            wait = (q.ahead(rank) + 1) / (self._capacity_rps * _PRICED[rank]) + elsewhere
-            late = task.enqueued_at + wait > task.deadline
-            if not late and task.enqueued_at + wait + self._batch_latency > task.deadline:
-                running = self._running_remaining(task.enqueued_at)
-                late = task.enqueued_at + wait + running > task.deadline
-                wait += running
+            late, wait = self._priced(task, self._capacity_rps, elsewhere)
+            if late and self._adaptive and q and self.burst_pricing:
+                # The capacity is measured at batch boundaries, at the queue of that moment: a
+                # burst onto a short queue (32 clients at once after an idle spell, or after a
+                # flood shrank the cap) would be priced at the small batches of before. The
+                # queue it forms goes out as one batch when its deadlines allow (_extended):
+                # price it at that batch's throughput.
+                grown = self._capacity_at(len(q) + 1)[0]
+                if grown > self._capacity_rps:
+                    late, wait = self._priced(task, grown, elsewhere)
             if late and not q.ahead(rank) and not elsewhere and self._free_replica() is not None:
                 late = False
             if late and not self._probe(task.enqueued_at):
@@ -347,6 +353,18 @@ class ModelScheduler:
                 ),
             )
         self._wait.arrived(task.enqueued_at)
+
+    def _priced(self, task: Task, capacity: float, elsewhere: float) -> tuple[bool, float]:
+        """Whether ``task`` would miss its deadline behind the work queued ahead of it at
+        ``capacity`` inputs/s, and that wait (with what is left of the batches running, when
+        that decides it)."""
+        wait = (self.queue.ahead(task.rank) + 1) / (capacity * _PRICED[task.rank]) + elsewhere
+        late = task.enqueued_at + wait > task.deadline
+        if not late and task.enqueued_at + wait + self._batch_latency > task.deadline:
+            running = self._running_remaining(task.enqueued_at)
+            late = task.enqueued_at + wait + running > task.deadline
+            wait += running
+        return late, wait
 
     def probing(self, now: float) -> bool:
         """Whether admission is letting every query in to measure the model again."""
@@ -403,7 +421,10 @@ class ModelScheduler:
             return 0.0
         running = self._running_remaining(self.clock.now())
         ahead = self.queue.ahead(rank) + 1
-        return ahead / (self._capacity_rps * _PRICED[rank]) + running + elsewhere
+        capacity = self._capacity_rps
+        if self._adaptive and self.queue and self.burst_pricing:  # as submit prices a burst
+            capacity = max(capacity, self._capacity_at(len(self.queue) + 1)[0])
+        return ahead / (capacity * _PRICED[rank]) + running + elsewhere
 
     def _queued_elsewhere_s(self) -> float:
         """How long the batches other frontends have queued on shared replicas delay ours:
@@ -461,9 +482,13 @@ class ModelScheduler:
             # priced 300 queries at 15 s and shed a fresh model's first burst under a 10 s SLO.
             self._capacity_rps = 0.0
             return
+        self._capacity_rps, self._batch_latency = self._capacity_at(len(self.queue))
+
+    def _capacity_at(self, queued: int) -> tuple[float, float]:
+        """Inputs per second all replicas take with ``queued`` inputs waiting, and the latency
+        of the shortest of their batches: (0.0, 0.0) while some replica's is not known."""
         total = 0.0
         batch_latency = float("inf")
-        queued = len(self.queue)
         for r in self.replicas:
             c = r.controller
             assert c is not None
@@ -472,13 +497,11 @@ class ModelScheduler:
                 n = min(queued, self._hard_max)
             lat = c.typical_latency(n)
             if lat <= 0.0:
-                self._capacity_rps = 0.0
-                return
+                return 0.0, 0.0
             # a container runs its batches one after another, in flight or not
             total += n / lat
             batch_latency = min(batch_latency, lat)
-        self._capacity_rps = total
-        self._batch_latency = batch_latency if total else 0.0
+        return total, (batch_latency if total else 0.0)
 
     # dispatch
     def _free_replica(self) -> Replica | None:
