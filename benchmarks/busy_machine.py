@@ -21,7 +21,9 @@ shedding rule crossed with a CPU hog (a busy loop pinned to CPU 0) off or on:
   waiting in the socket (``serve.py --no-collect``);
 * ``before``: the last four together (the settings before 2026-12-07);
 * ``noburst``: admission prices a burst at the capacity measured at the last batch, not at
-  the batch its queue forms (``serve.py --no-burst-pricing``).
+  the batch its queue forms (``serve.py --no-burst-pricing``);
+* ``noforget``: the latency fit keeps its whole window when batches run off it in a row
+  (``serve.py --no-forget``).
 
 For each: a closed loop of 32 connections (wrk): goodput and the share of default outputs by
 reason (the server's counters), client p99; then Poisson open loops (MLCommons LoadGen's Server
@@ -63,6 +65,7 @@ RULES = {
     "noextend": ["--no-extend"],
     "nocollect": ["--no-collect"],
     "noburst": ["--no-burst-pricing"],
+    "noforget": ["--no-forget"],
 }
 
 

@@ -107,6 +107,10 @@ async def run(args: argparse.Namespace) -> None:
         await clipper.link_model_to_app(APP, MODEL)
         if args.no_extend:  # the "before" of sending a long queue whole
             clipper.catalog.by_key[(MODEL, VERSION)].extend = False
+        if args.no_forget:  # the "before" of the latency fit forgetting on a shift
+            from clipper.batching import controllers
+
+            controllers.SHIFT_RUN = 1 << 30
         if args.no_burst_pricing:  # the "before" of pricing a burst at its whole batch
             clipper.catalog.by_key[(MODEL, VERSION)].burst_pricing = False
         if args.no_collect:  # the "before" of reading waiting answers at a deadline
@@ -191,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-collect", action="store_true", help="deadlines read no waiting answer")
     p.add_argument(
         "--backoff-after", type=int, default=None, help="aimd: over-target batches in a row"
+    )
+    p.add_argument(
+        "--no-forget", action="store_true", help="the latency fit never forgets on a shift"
     )
     p.add_argument(
         "--no-burst-pricing", action="store_true",

@@ -390,10 +390,47 @@ def test_typical_latency_is_not_dominated_by_one_cold_batch() -> None:
 
     c = FixedController(1)
     c.observe(1, 0.05)  # a cold first batch
-    for _ in range(99):
+    for _ in range(9):
         c.observe(1, 0.0002)
     assert c.expected_latency(1) >= 0.05  # the upper-side estimate keeps the outlier
+    for _ in range(90):
+        c.observe(1, 0.0002)
     assert c.typical_latency(1) < 0.001  # the central one, used for throughput, does not
+    # And a run of batches far under the estimate is a shift (below): the fit forgot it.
+    assert c.expected_latency(1) < 0.001
+
+
+def test_the_latency_fit_forgets_the_old_cost_after_a_run_of_batches_off_it() -> None:
+    """A flood beside a busy process left 13-15 ms batches in the window; the process left and
+    the batches fell to 3 ms. After SHIFT_RUN batches in a row under half the fit's estimate,
+    the window keeps only those: the fit follows at once instead of a window later."""
+    from clipper.batching.controllers import SHIFT_RUN, LatencyModel
+
+    m = LatencyModel()
+    for i in range(256):
+        m.observe(5 + i % 3, 0.013 + 0.0005 * (i % 3))
+    assert m.typical(6) == pytest.approx(0.0135, rel=0.01)
+    for _ in range(SHIFT_RUN - 1):
+        m.observe(6, 0.003)
+    assert m.forgets == 0 and m.typical(6) > 0.012  # not yet: seven could be a lucky spell
+    m.observe(6, 0.003)
+    assert m.forgets == 1 and len(m) == SHIFT_RUN
+    assert m.typical(6) == pytest.approx(0.003)
+    # Slower works the same way: a run over twice the estimate.
+    for _ in range(2 * SHIFT_RUN):
+        m.observe(6, 0.003)
+    for _ in range(SHIFT_RUN):
+        m.observe(6, 0.010)
+    assert m.forgets == 2 and m.typical(6) == pytest.approx(0.010)
+
+
+def test_noise_within_twice_the_estimate_never_makes_the_fit_forget() -> None:
+    from clipper.batching.controllers import LatencyModel
+
+    m = LatencyModel()
+    for i in range(2000):
+        m.observe(1 + i % 16, (0.001 + 0.0001 * (i % 16)) * (0.6 if i % 2 else 1.6))
+    assert m.forgets == 0 and len(m) == 256
 
 
 def test_aimd_slow_start_doubles_until_the_hold_band_then_adds() -> None:

@@ -64,8 +64,19 @@ def _check_observation(batch_size: int, latency_s: float) -> None:
         raise ValueError(f"invalid observation: batch_size={batch_size}, latency_s={latency_s}")
 
 
+# Batches in a row at under half, or over twice, the fit's central estimate: the model's cost
+# changed (another program left or took the core, a flood ended), and the fit forgets the
+# batches before them instead of averaging the old cost in for a whole window.
+SHIFT_RUN = 8
+
+
 class LatencyModel:
     """Running least-squares fit ``latency ~ a + b*n`` over the last ``window`` batches.
+
+    When :data:`SHIFT_RUN` batches in a row land under half or over twice the fit's central
+    estimate, the window keeps only them: after a flood beside a busy process, the fit held
+    13-15 ms batches for 256 batches (a second and more) after they had fallen to 3 ms, and
+    admission shed a normal load's first second on that stale cost.
 
     Updates are O(1) (running sums, refreshed exactly now and then so float drift cannot
     accumulate); the fit itself is recomputed lazily, only when a prediction is asked for after
@@ -79,6 +90,7 @@ class LatencyModel:
         "_dirty",
         "_margin",
         "_mean",
+        "_shift",
         "_since_rebuild",
         "_single_max",
         "_single_size",
@@ -89,6 +101,7 @@ class LatencyModel:
         "_snl",
         "_snn",
         "_window",
+        "forgets",
     )
 
     def __init__(self, window: int = 256) -> None:
@@ -102,6 +115,8 @@ class LatencyModel:
         self._a = self._b = self._margin = self._mean = 0.0
         self._single_size = 0  # > 0 when the window holds exactly one distinct size
         self._single_max = 0.0
+        self._shift = 0  # the run of batches off the fit: > 0 slower, < 0 faster
+        self.forgets = 0  # times the window was cut to a shift's batches
 
     def __len__(self) -> int:
         return len(self._window)
@@ -109,6 +124,8 @@ class LatencyModel:
     def observe(self, batch_size: int, latency_s: float) -> None:
         _check_observation(batch_size, latency_s)
         window = self._window
+        if len(window) >= 2 * SHIFT_RUN and self._shifted(batch_size, latency_s):
+            self._keep_last(SHIFT_RUN - 1)
         if len(window) == window.maxlen:
             old_n, old_l = window[0]
             self._add(old_n, old_l, -1.0)
@@ -148,6 +165,33 @@ class LatencyModel:
         if self._single_size:
             return self._mean * max(1.0, batch_size / self._single_size)
         return max(0.0, self._a + self._b * batch_size)
+
+    def _shifted(self, batch_size: int, latency_s: float) -> bool:
+        """Count ``latency_s`` into the run of batches off the fit; True when the run is long
+        enough that the fit should forget what came before it."""
+        expected = self.typical(batch_size)
+        if latency_s > 2.0 * expected:
+            self._shift = self._shift + 1 if self._shift > 0 else 1
+        elif latency_s < 0.5 * expected:
+            self._shift = self._shift - 1 if self._shift < 0 else -1
+        else:
+            self._shift = 0
+        if abs(self._shift) < SHIFT_RUN:
+            return False
+        self._shift = 0
+        return True
+
+    def _keep_last(self, keep: int) -> None:
+        """Forget all but the last ``keep`` batches (those of the shift)."""
+        recent = list(self._window)[-keep:]
+        self._window.clear()
+        self._sizes.clear()
+        for n, lat in recent:
+            self._window.append((n, lat))
+            self._sizes[n] = self._sizes.get(n, 0) + 1
+        self._rebuild()
+        self._dirty = True
+        self.forgets += 1
 
     def _add(self, n: int, lat: float, sign: float) -> None:
         fn = float(n)
