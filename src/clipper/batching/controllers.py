@@ -14,7 +14,7 @@ dispatcher uses to send a batch early enough for the earliest deadline in it.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -185,12 +185,9 @@ class LatencyModel:
         """Forget all but the last ``keep`` batches (those of the shift)."""
         recent = list(self._window)[-keep:]
         self._window.clear()
-        self._sizes.clear()
-        for n, lat in recent:
-            self._window.append((n, lat))
-            self._sizes[n] = self._sizes.get(n, 0) + 1
-        self._rebuild()
-        self._dirty = True
+        self._window.extend(recent)
+        self._sizes = dict(Counter(n for n, _ in recent))
+        self._rebuild()  # observe() marks the fit dirty after its own append
         self.forgets += 1
 
     def _add(self, n: int, lat: float, sign: float) -> None:
