@@ -1,12 +1,15 @@
 """The promise on a busy machine: defaults and tails with another program on the frontend's core.
 
     python benchmarks/busy_machine.py [--rounds 2] [--duration 5] [--rates 0.5,0.7]
-        [--saturation 256] [--rules backlog,nocollect,before,...] [--trace]
+        [--saturation 256] [--rules backlog,nocollect,before,...] [--hogs core,machine]
+        [--trace]
 
 The frontend and its model container share CPU 0 (``serve.py --cpus 0``); the load runs from
 this process, pinned to CPU 1. The model spends 1 ms of CPU per batch + 50 us per input
 (``serve.py --model spin``), with a 20 ms SLO and the prediction cache off. Each variant is a
-shedding rule crossed with a CPU hog (a busy loop pinned to CPU 0) off or on:
+shedding rule crossed with a CPU hog off or on (``--hogs``: ``core``, a busy loop pinned to the
+frontend's CPU 0, the default; ``machine``, the same loop free to run on either CPU, as another
+program on the machine is placed by the kernel; rows ``hog`` and ``hog-any``):
 
 * ``backlog``: the current settings — the loop's lateness counts only for the CPU it spent on
   its own work (:attr:`clipper.query.loop_lag.LoopLagMonitor.backlog_s`), containers at the
@@ -70,9 +73,9 @@ RULES = {
 
 
 @contextlib.contextmanager
-def hog(cpu: int) -> Iterator[None]:
-    """A busy loop pinned to ``cpu``, stopped by PID."""
-    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+def hog(cpus: set[int]) -> Iterator[None]:
+    """A busy loop allowed on ``cpus``, stopped by PID."""
+    code = f"import os\nos.sched_setaffinity(0, {cpus!r})\nwhile True:\n    pass\n"
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         yield
@@ -116,6 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--rules", default=",".join(RULES), help="shedding rules to compare")
     p.add_argument(
+        "--hogs", default="core",
+        help="where the hog runs: core (pinned to the frontend's CPU 0), machine (on any CPU, "
+        "placed by the kernel); comma-separated for both",
+    )  # fmt: skip
+    p.add_argument(
         "--trace", action="store_true",
         help="each server writes its admission state every 50 ms to <rule>.trace.jsonl",
     )  # fmt: skip
@@ -125,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(
             f"--rules: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(RULES)}"
         )
+    hogs = {"core": ("hog", {0}), "machine": ("hog-any", set(range(os.cpu_count() or 1)))}
+    if unknown := set(args.hogs.split(",")) - set(hogs):
+        p.error(f"--hogs: unknown {', '.join(sorted(unknown))}; expected core and/or machine")
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("needs two CPUs: the frontend on one, the load on the other")
     os.sched_setaffinity(0, {1})  # the load (and wrk, a child) on CPU 1
@@ -166,8 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         rows.setdefault(f"{name}/closed{args.saturation}", []).append(sat)
 
                 one_condition(f"{rule}/quiet")
-                with hog(0):
-                    one_condition(f"{rule}/hog")
+                for where in args.hogs.split(","):
+                    label, cpus = hogs[where]
+                    with hog(cpus):
+                        one_condition(f"{rule}/{label}")
                 run.log(f"round {r} {rule} done")
     print(f"\n{'variant':28} {'goodput/s':>10} {'defaults':>9} {'p99 ms':>8}  reasons")
     summary: dict[str, dict[str, float]] = {}
