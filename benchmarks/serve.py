@@ -80,6 +80,7 @@ async def run(args: argparse.Namespace) -> None:
         rpc_port=args.rpc_port,
         admin_port=0,
         trace_ratio=args.trace_ratio,  # traces only when OTEL_* turn them on (docs/tracing.md)
+        rpc_auth=not args.no_rpc_auth,
         **({} if args.container_nice is None else {"container_nice": args.container_nice}),
     ) as clipper:
         if args.shed_on_wall_lag:  # the "before" of pricing the loop's own backlog only
@@ -187,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--slo-ms", type=float, default=20.0)
     p.add_argument("--cache", action="store_true", help="enable the prediction cache")
+    p.add_argument(
+        "--no-rpc-auth", action="store_true",
+        help="no CURVE on the replica RPC (its handshake and the encryption of every message)",
+    )  # fmt: skip
     p.add_argument(
         "--trace-ratio", type=float, default=None, help="trace sampling ratio (with OTEL_*)"
     )
