@@ -140,6 +140,15 @@ class FrontendConfig:
         default=None,
         metadata=cli("the RPC port's CURVE keys (default: <state dir>/rpc-keys)"),
     )
+    # Containers the local manager starts dial a Unix socket that only this user can open,
+    # without CURVE's per-message encryption (docs/containers.md); others use the TCP port.
+    rpc_local_socket: bool = field(
+        default=True,
+        metadata=cli(
+            "local containers dial a private Unix socket, unencrypted (--no-rpc-local-socket: "
+            "the TCP port with CURVE, like every other container)"
+        ),
+    )
     max_body_bytes: int = field(default=10 * 2**20, metadata=cli("larger request bodies get 413"))
     # One request's parse and enqueue holds the event loop ~4 us per item on the reference
     # machine (benchmarks/request_size.py): 1,000 items ~4 ms, well under a 20 ms SLO;

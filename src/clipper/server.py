@@ -168,6 +168,7 @@ class Clipper:
             keys_dir=rpc_keys,
             on_refused=lambda reason: self.metrics.rpc_refused.labels(reason=reason).inc(),
             max_output_bytes=config.max_output_bytes,
+            local_socket=config.rpc_local_socket,
         )
         # Who runs the replicas: with sharing on, the one frontend holding the owner lease.
         self.ownership = Ownership(
@@ -203,6 +204,7 @@ class Clipper:
             ManagerContext(
                 rpc_host=self._advertised_host,
                 rpc_port=lambda: self.rpc.port,
+                rpc_local=lambda: self.rpc.local_address,
                 state_dir=self.state_dir,
                 clock=self.clock,
                 heartbeat_interval_s=config.heartbeat_interval_s,

@@ -339,7 +339,7 @@ async def test_sigterm_drains_in_flight_batches_and_loses_no_query(
 async def test_local_replicas_are_told_the_advertised_host(tmp_path: Path) -> None:
     async with Clipper(
         query_port=0, rpc_port=0, admin_port=0, state_dir=tmp_path / "s",
-        advertise_host="localhost",
+        advertise_host="localhost", rpc_local_socket=False,  # TCP, not the private socket
     ) as c:  # fmt: skip
         await c.deploy_model("m", "1", scaled_sums, input_type="doubles")
         await c.register_application("app", "doubles", "-1", 2_000_000)

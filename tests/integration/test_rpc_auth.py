@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -229,7 +230,9 @@ async def test_answers_of_a_replica_removed_as_silent_leave_the_cache(
 
 async def test_local_manager_containers_join_with_keys_passed_by_path(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    async with Clipper(query_port=0, rpc_port=0, admin_port=0, state_dir=state) as c:
+    async with Clipper(
+        query_port=0, rpc_port=0, admin_port=0, state_dir=state, rpc_local_socket=False
+    ) as c:
         t0 = time.monotonic()
         await c.deploy_model("sum", "1", genuine_model, input_type="doubles")
         deploy_s = time.monotonic() - t0
@@ -249,6 +252,58 @@ async def test_local_manager_containers_join_with_keys_passed_by_path(tmp_path: 
         assert secret not in b" ".join(argv)
         assert refused(c, "no_keys") == refused(c, "unknown_key") == 0
         print(f"deploy to connected with CURVE: {deploy_s * 1e3:.0f} ms")
+
+
+OTHER_USER_CONNECTS = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("refused")
+else:
+    print("connected")
+"""
+
+
+async def test_local_manager_containers_dial_a_private_unix_socket(
+    tmp_path: Path, rogues: Callable[[Clipper, ClientKeys | None], None]
+) -> None:
+    state = tmp_path / "state"
+    async with Clipper(query_port=0, rpc_port=0, admin_port=0, state_dir=state) as c:
+        await c.deploy_model("sum", "1", genuine_model, input_type="doubles")
+        await c.register_application("s", "doubles", "-1", 2_000_000)
+        await c.link_model_to_app("s", "sum")
+        doc = await predict_ok(c.query_url, "s", {"input": [1.0, 2.0]})
+        assert doc["output"] == "genuine 3.0"
+        address = c.rpc.local_address
+        assert address is not None and address.startswith("ipc://")
+        path = Path(address.removeprefix("ipc://"))
+        modes = await asyncio.to_thread(lambda: (path.stat().st_mode, path.parent.stat().st_mode))
+        assert stat.S_ISSOCK(modes[0])
+        assert stat.S_IMODE(modes[1]) == 0o700  # this user (and root) only
+        [proc] = c.manager.all_replicas()
+        assert proc.pid is not None
+        argv = cmdline(proc.pid)
+        assert argv[argv.index(b"--ipc") + 1] == str(path).encode()
+        assert b"--rpc-keys" not in argv and b"--port" not in argv
+        # The TCP port still wants the keys: a container without them is refused there.
+        await c.control.register_model(
+            ModelVersion(name="m", version="1", input_type=InputType.DOUBLES, num_replicas=1)
+        )
+        rogues(c, None)
+        await wait_for(lambda: refused(c, "no_keys") >= 1, limit_s=15, what="the refusal")
+        assert c.schedulers[("m", "1")].replicas == []
+        # Another user cannot even open the socket (root may switch to one; the test's own
+        # interpreter may sit where that user cannot read, so the system's runs the probe).
+        python = shutil.which("python3", path="/usr/bin:/bin")
+        if os.geteuid() == 0 and python is not None:
+            out = await asyncio.to_thread(
+                subprocess.run, [python, "-c", OTHER_USER_CONNECTS, str(path)], user=65534,
+                cwd="/", capture_output=True, text=True, timeout=30, check=True,
+            )  # fmt: skip
+            assert out.stdout.strip() == "refused"
+    assert not await asyncio.to_thread(path.parent.exists)  # removed with the frontend
 
 
 def test_a_held_event_loop_removes_no_replica(tmp_path: Path) -> None:

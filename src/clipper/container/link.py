@@ -34,7 +34,9 @@ class FrontendLink:
         log: logging.LoggerAdapter[logging.Logger],
     ) -> None:
         self.address = address
-        self.keys = keys
+        # A frontend's Unix socket takes no CURVE: its directory admits only the deployment's
+        # user (clipper.rpc.server.RpcServer.local_address).
+        self.keys = None if address.startswith("ipc://") else keys
         self.heartbeat_interval = heartbeat_interval
         self.log = log
         self.sock: zmq.Socket[bytes] | None = None

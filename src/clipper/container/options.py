@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
         "[CLIPPER_PORT]",
     )
     p.add_argument(
+        "--ipc",
+        default=None,
+        metavar="PATH",
+        help="the frontend's Unix socket on this machine, instead of --ip/--port: no CURVE on it "
+        "(its directory admits only the frontend's user); what the local manager passes",
+    )
+    p.add_argument(
         "--frontend",
         action="append",
         default=None,

@@ -866,7 +866,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     frontends = frontends_from(args.frontend)
     # --ip/--port is dialled when given, or when it is the only frontend (the classic case).
     address: str | None = None
-    if args.port is not None or not frontends:
+    if args.ipc:
+        address = f"ipc://{args.ipc}"
+    elif args.port is not None or not frontends:
         address = f"tcp://{args.ip}:{args.port if args.port is not None else 7000}"
     readiness: Readiness | None = None
     traces: PredictTraces | None = None

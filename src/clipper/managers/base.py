@@ -117,6 +117,8 @@ class ManagerContext:
     log_max_bytes: int = 10 * 2**20
     # The CURVE key directory containers are given (--rpc-keys); None: the port is open.
     rpc_keys: Path | None = None
+    # The frontend's Unix socket for containers on this machine (ipc://PATH; None: none).
+    rpc_local: Callable[[], str | None] = lambda: None
     # This frontend's id (known once it has started): names what an engine keeps for it.
     node_id: Callable[[], str] = lambda: ""
     # Set when replicas are shared by the frontends (None: each frontend's are its children).
@@ -151,6 +153,7 @@ def build_local(rest: str, ctx: ManagerContext) -> ContainerManager:
         nice=ctx.nice,
         log_max_bytes=ctx.log_max_bytes,
         rpc_keys=ctx.rpc_keys,
+        rpc_local=ctx.rpc_local,
         shared=ctx.shared,
         pool_processes=ctx.pool_processes,
         pool_memory_mb=ctx.pool_memory_mb,

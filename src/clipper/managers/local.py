@@ -118,6 +118,7 @@ class LocalManager:
         nice: int = 0,
         log_max_bytes: int = LOG_MAX_BYTES,
         rpc_keys: Path | None = None,
+        rpc_local: Callable[[], str | None] = lambda: None,
         shared: SharedReplicas | None = None,
         pool_processes: int = 0,
         pool_memory_mb: int = 512,
@@ -147,6 +148,7 @@ class LocalManager:
         self.nice = nice
         self.drain = drain
         self.rpc_keys = rpc_keys
+        self._rpc_local = rpc_local
         self._groups: dict[tuple[str, str], list[ReplicaProcess]] = {}
         self._generation = 0
         # Stops under way. Out of their group already, these processes have no other owner:
@@ -470,6 +472,7 @@ class LocalManager:
         assert mv.artifact is not None
         # The key directory's path, never the keys: command lines are visible to everyone.
         keys = ["--rpc-keys", str(self.rpc_keys)] if self.rpc_keys is not None else []
+        dial = ["--ip", self._rpc_host(), "--port", str(self._rpc_port())]
         if self.shared is not None:
             # Every other live frontend (this one is --ip/--port); no parent to die with.
             own = f"tcp://{self._rpc_host()}:{self._rpc_port()}"
@@ -477,14 +480,19 @@ class LocalManager:
             tail = ["--shared", *(arg for a in others for arg in ("--frontend", a))]
         else:
             tail = ["--parent-pid", str(os.getpid())]
+            # A child of this frontend on this machine: its private Unix socket, no CURVE
+            # (clipper.rpc.server.RpcServer.local_address). Shared replicas dial the others'
+            # TCP ports, so they keep to TCP and the keys.
+            local = self._rpc_local()
+            if local is not None:
+                dial, keys = ["--ipc", local.removeprefix("ipc://")], []
         return [
             self.python, "-m", "clipper.container",
             "--model-path", mv.artifact,
             "--name", mv.name,
             "--version", mv.version,
             "--input-type", mv.input_type.readable,
-            "--ip", self._rpc_host(),
-            "--port", str(self._rpc_port()),
+            *dial,
             "--heartbeat-interval", str(self.heartbeat_interval_s),
             "--replica-token", proc.token,
             "--nice", str(self.nice),
