@@ -1,25 +1,26 @@
 """Where the no-op path's core goes: CPU per request of the frontend and of its model container,
-with the replica link encrypted (CURVE, the default) or not, and with the container on the
-frontend's core or on the other one.
+with the replica link over TCP with CURVE, TCP without it, or the private Unix socket, and with
+the container on the frontend's core or on the other one.
 
     python benchmarks/noop_cpu.py [--rounds 3] [--duration 10] [--size 784]
-        [--variants curve,plain,apart]
+        [--variants bare,tcp,plain,local,apart]
 
 Each variant is ``serve.py --model noop --cpus 0`` under wrk (64 connections, 2 threads) on
 CPU 1, sending ``{"input": [size doubles]}``:
 
-* ``curve``: the default, every batch and answer encrypted by ZeroMQ's CURVE;
-* ``plain``: ``serve.py --no-rpc-auth`` (no handshake, no encryption; loopback only);
+* ``tcp``: the container dials the TCP port, every batch and answer encrypted by ZeroMQ's
+  CURVE (``serve.py --rpc-tcp``; the default before the private Unix socket);
+* ``plain``: the TCP port without CURVE (``--rpc-tcp --no-rpc-auth``; loopback only);
+* ``local``: the default, the container on the frontend's private Unix socket (no CURVE);
 * ``apart``: the default, with the container's threads moved to CPU 1 once it is connected
   (the frontend alone on its core; the container beside wrk);
-* ``apart-plain``: both;
 * ``bare``: ``bare_server.py`` (uvloop + httptools + orjson, no model) on CPU 0, the ceiling.
 
 Reported per variant: req/s and its share of the bare server's in the same round (the
-frontend/bare ratio of issue 20), p99,
-and the CPU (user + system, from ``/proc/<pid>/stat``) the server and its containers spent
-during the load, per response. The variants alternate within each round, so drift on a shared
-machine hits them alike. Loopback only; every server is stopped by PID.
+frontend/bare ratio of issue 20), p99, and the CPU (user + system, from ``/proc/<pid>/stat``)
+the server and its containers spent during the load, per response. The variants alternate within
+each round, so drift on a shared machine hits them alike. Loopback only; every server is stopped
+by PID.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ from tracing_cost import cpu_s
 
 VARIANTS = {
     "bare": [],
-    "curve": [],
-    "plain": ["--no-rpc-auth"],
+    "tcp": ["--rpc-tcp"],
+    "plain": ["--rpc-tcp", "--no-rpc-auth"],
+    "local": [],
     "apart": [],
-    "apart-plain": ["--no-rpc-auth"],
 }
 
 

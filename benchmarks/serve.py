@@ -81,6 +81,7 @@ async def run(args: argparse.Namespace) -> None:
         admin_port=0,
         trace_ratio=args.trace_ratio,  # traces only when OTEL_* turn them on (docs/tracing.md)
         rpc_auth=not args.no_rpc_auth,
+        rpc_local_socket=not args.rpc_tcp,
         **({} if args.container_nice is None else {"container_nice": args.container_nice}),
     ) as clipper:
         if args.shed_on_wall_lag:  # the "before" of pricing the loop's own backlog only
@@ -191,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--no-rpc-auth", action="store_true",
         help="no CURVE on the replica RPC (its handshake and the encryption of every message)",
+    )  # fmt: skip
+    p.add_argument(
+        "--rpc-tcp", action="store_true",
+        help="the model containers dial the TCP port with CURVE, not the private Unix socket",
     )  # fmt: skip
     p.add_argument(
         "--trace-ratio", type=float, default=None, help="trace sampling ratio (with OTEL_*)"
