@@ -217,7 +217,13 @@ class RpcServer(Generic[P]):
         user (or root), and could read the key files as well."""
         self._local_dir = tempfile.mkdtemp(prefix="clipper-rpc-")  # mode 0700
         address = f"ipc://{self._local_dir}/rpc"
-        sock.bind(address)
+        try:
+            sock.bind(address)
+        except zmq.ZMQError as e:  # a $TMPDIR too long for a socket path, say: TCP it is
+            log.warning("no private Unix socket for local containers (%s: %s): they use the "
+                        "RPC port with CURVE", address, e)  # fmt: skip
+            self._remove_local()
+            return
         self.local_address = address
 
     def _remove_local(self) -> None:
