@@ -19,7 +19,7 @@ from clipper.rpc.server import RpcServer
 from tests.unit.test_rpc_liveness import NoAnswers
 
 
-def _server(keys_dir: Path | None) -> RpcServer[Connection[None]]:
+def _server(keys_dir: Path | None) -> RpcServer[None]:
     clock = FakeClock()
 
     def register(msg: wire.NewContainer, identity: bytes) -> Connection[None]:
