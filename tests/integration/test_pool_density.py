@@ -12,6 +12,7 @@ and its model loads again; ``pooled`` without pool processes is refused.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -56,6 +57,13 @@ async def test_three_models_share_one_pool_process_within_its_budget(tmp_path: P
         assert loaded("a") and loaded("b") and state("a") == "loaded"
         pool_pids = container_pids(os.getpid())
         assert len(pool_pids) == 1, pool_pids  # one process for every model
+        # A child on this machine: the frontend's private Unix socket, no keys (containers.md)
+        argv = (await asyncio.to_thread(Path(f"/proc/{pool_pids[0]}/cmdline").read_bytes)).split(
+            b"\0"
+        )
+        assert c.rpc.local_address is not None
+        assert argv[argv.index(b"--ipc") + 1] == c.rpc.local_address.removeprefix("ipc://").encode()
+        assert b"--rpc-keys" not in argv
 
         doc = await predict_ok(c.query_url, "c", {"input": [1.0, 2.0]}, limit_s=40)
         assert doc["default"] is False and doc["output"] == 9.0, doc

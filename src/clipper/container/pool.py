@@ -305,6 +305,7 @@ def build_pool_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-budget-mb", type=float, required=True)
     p.add_argument("--ip", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7000)
+    p.add_argument("--ipc", default=None, metavar="PATH", help="the frontend's Unix socket")
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
     p.add_argument("--activity-timeout", type=float, default=10.0)
     p.add_argument("--drain-timeout", type=float, default=10.0)
@@ -325,7 +326,7 @@ def pool_main(argv: Sequence[str]) -> int:
     if not ok:
         return 2
     host = PoolHost(
-        address=f"tcp://{args.ip}:{args.port}",
+        address=f"ipc://{args.ipc}" if args.ipc else f"tcp://{args.ip}:{args.port}",
         budget_bytes=int(args.memory_budget_mb * 2**20),
         heartbeat_interval=args.heartbeat_interval,
         activity_timeout=args.activity_timeout,

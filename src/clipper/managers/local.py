@@ -502,12 +502,15 @@ class LocalManager:
 
     def _pool_command(self, index: int) -> list[str]:
         keys = ["--rpc-keys", str(self.rpc_keys)] if self.rpc_keys is not None else []
+        dial = ["--ip", self._rpc_host(), "--port", str(self._rpc_port())]
+        local = self._rpc_local() if self.shared is None else None
+        if local is not None:  # a child on this machine, as in _command
+            dial, keys = ["--ipc", local.removeprefix("ipc://")], []
         assert self.pool is not None
         return [
             self.python, "-m", "clipper.container", "--pool",
             "--memory-budget-mb", str(self.pool.memory_mb),
-            "--ip", self._rpc_host(),
-            "--port", str(self._rpc_port()),
+            *dial,
             "--heartbeat-interval", str(self.heartbeat_interval_s),
             "--parent-pid", str(os.getpid()),
             "--nice", str(self.nice),
