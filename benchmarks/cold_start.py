@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]  # fmt: skip
         with server(f"start{s}", cmd, qp, run):
             print(f"start {s}: {args.rate:.0f}/s for {args.duration:g} s")
-            with hog(0) if args.hog else contextlib.nullcontext():
+            with hog({0}) if args.hog else contextlib.nullcontext():
                 results.append(one_start(qp, args.rate, args.duration))
     shares = [r["defaults"] / max(r["answered"], 1) for r in results]
     med = statistics.median(shares)
