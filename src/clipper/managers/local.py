@@ -470,9 +470,6 @@ class LocalManager:
 
     def _command(self, mv: ModelVersion, proc: ReplicaProcess) -> list[str]:
         assert mv.artifact is not None
-        # The key directory's path, never the keys: command lines are visible to everyone.
-        keys = ["--rpc-keys", str(self.rpc_keys)] if self.rpc_keys is not None else []
-        dial = ["--ip", self._rpc_host(), "--port", str(self._rpc_port())]
         if self.shared is not None:
             # Every other live frontend (this one is --ip/--port); no parent to die with.
             own = f"tcp://{self._rpc_host()}:{self._rpc_port()}"
@@ -480,42 +477,40 @@ class LocalManager:
             tail = ["--shared", *(arg for a in others for arg in ("--frontend", a))]
         else:
             tail = ["--parent-pid", str(os.getpid())]
-            # A child of this frontend on this machine: its private Unix socket, no CURVE
-            # (clipper.rpc.server.RpcServer.local_address). Shared replicas dial the others'
-            # TCP ports, so they keep to TCP and the keys.
-            local = self._rpc_local()
-            if local is not None:
-                dial, keys = ["--ipc", local.removeprefix("ipc://")], []
         return [
             self.python, "-m", "clipper.container",
             "--model-path", mv.artifact,
             "--name", mv.name,
             "--version", mv.version,
             "--input-type", mv.input_type.readable,
-            *dial,
+            *self._dial(),
             "--heartbeat-interval", str(self.heartbeat_interval_s),
             "--replica-token", proc.token,
             "--nice", str(self.nice),
-            *keys,
             *tail,
         ]  # fmt: skip
 
     def _pool_command(self, index: int) -> list[str]:
-        keys = ["--rpc-keys", str(self.rpc_keys)] if self.rpc_keys is not None else []
-        dial = ["--ip", self._rpc_host(), "--port", str(self._rpc_port())]
-        local = self._rpc_local() if self.shared is None else None
-        if local is not None:  # a child on this machine, as in _command
-            dial, keys = ["--ipc", local.removeprefix("ipc://")], []
         assert self.pool is not None
         return [
             self.python, "-m", "clipper.container", "--pool",
             "--memory-budget-mb", str(self.pool.memory_mb),
-            *dial,
+            *self._dial(),
             "--heartbeat-interval", str(self.heartbeat_interval_s),
             "--parent-pid", str(os.getpid()),
             "--nice", str(self.nice),
-            *keys,
         ]  # fmt: skip
+
+    def _dial(self) -> list[str]:
+        """How a container this manager starts reaches the frontend. A child of this frontend
+        (not shared) dials its private Unix socket without keys (clipper.rpc.server.RpcServer.
+        local_address); a shared replica dials the frontends' TCP ports, with the key
+        directory's path (never the keys: command lines are visible to everyone)."""
+        local = self._rpc_local() if self.shared is None else None
+        if local is not None:
+            return ["--ipc", local.removeprefix("ipc://")]
+        keys = ["--rpc-keys", str(self.rpc_keys)] if self.rpc_keys is not None else []
+        return ["--ip", self._rpc_host(), "--port", str(self._rpc_port()), *keys]
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)

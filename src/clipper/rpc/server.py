@@ -141,13 +141,16 @@ class RpcServer(Generic[P]):
         # Every live frontend's RPC address (set_frontends): sent to each fast replica.
         self._frontends: tuple[str, ...] | None = None
         self._local_socket = local_socket
-        self._local_dir: str | None = None
-        # ipc://PATH when listening on a Unix socket too (start()); None otherwise.
-        self.local_address: str | None = None
+        self._local_dir: str | None = None  # the Unix socket's directory, while it is bound
 
     @property
     def address(self) -> str:
         return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def local_address(self) -> str | None:
+        """``ipc://PATH`` while listening on a Unix socket too (:meth:`start`); else None."""
+        return f"ipc://{self._local_dir}/rpc" if self._local_dir is not None else None
 
     def replicas(self) -> list[Connection[P]]:
         return list(self._replicas.values())
@@ -211,23 +214,21 @@ class RpcServer(Generic[P]):
         """Listen on a Unix socket too, in a fresh directory only this user can open, without
         CURVE. ZeroMQ takes an endpoint's security options when it is bound, so this endpoint
         is bound before the socket is made a CURVE server: containers on this machine dial it
-        and skip the encryption of every batch and answer (10-15% of the CPU per query with
-        784-double inputs, docs/benchmarks.md), while the TCP port still refuses any container
-        without the keys. The directory's mode is the check: whoever can open it runs as this
-        user (or root), and could read the key files as well."""
+        and skip the encryption of every batch and answer (half the link's CPU per batch of
+        784-double inputs, benchmarks/rpc_link_cost.py), while the TCP port still refuses any
+        container without the keys. The directory's mode is the check: whoever can open it
+        runs as this user (or root), and could read the key files as well."""
         self._local_dir = tempfile.mkdtemp(prefix="clipper-rpc-")  # mode 0700
-        address = f"ipc://{self._local_dir}/rpc"
+        address = self.local_address
+        assert address is not None
         try:
             sock.bind(address)
         except zmq.ZMQError as e:  # a $TMPDIR too long for a socket path, say: TCP it is
             log.warning("no private Unix socket for local containers (%s: %s): they use the "
                         "RPC port with CURVE", address, e)  # fmt: skip
             self._remove_local()
-            return
-        self.local_address = address
 
     def _remove_local(self) -> None:
-        self.local_address = None
         if self._local_dir is not None:
             shutil.rmtree(self._local_dir, ignore_errors=True)
             self._local_dir = None
