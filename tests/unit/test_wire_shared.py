@@ -21,6 +21,42 @@ def test_frontends_round_trip() -> None:
     assert wire.decode_frontend_message(views) == wire.Frontends(tuple(addrs))
 
 
+def test_local_sockets_round_trip_and_are_checked() -> None:
+    pairs = [("tcp://10.0.0.1:7000", "ipc:///tmp/tmpab12/rpc"), ("tcp://h:1", "ipc:///run/x")]
+    frames = wire.encode_local_sockets(pairs)
+    assert frames[:3] == [b"", b"\x03\x00\x00\x00", b"\x16\x00\x00\x00"]
+    assert wire.decode_frontend_message(frames) == wire.LocalSockets(tuple(pairs))
+    views = [memoryview(f) for f in frames]
+    assert wire.decode_frontend_message(views) == wire.LocalSockets(tuple(pairs))
+    assert wire.decode_frontend_message(wire.encode_local_sockets([])) == wire.LocalSockets(())
+    head = frames[:3]
+    with pytest.raises(WireError, match=r"expected \(tcp, ipc\) pairs, got 1 frames"):
+        wire.decode_frontend_message([*head, b"tcp://h:1"])
+    with pytest.raises(WireError, match=r"frame 4 \(local socket\): expected ipc:///path"):
+        wire.decode_frontend_message([*head, b"tcp://h:1", b"ipc://relative"])
+    with pytest.raises(WireError, match=r"frame 3 \(local socket\): expected tcp://host:port"):
+        wire.encode_local_sockets([("ipc:///a", "ipc:///b")])
+    long = "ipc:///" + "p" * wire.MAX_ADDRESS_BYTES
+    with pytest.raises(WireError, match="of at most 256 bytes"):
+        wire.encode_local_sockets([("tcp://h:1", long)])
+    many = [(f"tcp://h:{i}", f"ipc:///s{i}") for i in range(wire.MAX_FRONTENDS + 1)]
+    with pytest.raises(WireError, match="at most 64 pairs, got 65"):
+        wire.encode_local_sockets(many)
+
+
+def test_new_container_features_round_trip_with_or_without_a_token() -> None:
+    feature = wire.LOCAL_SOCKETS_FEATURE
+    for token in ("m:1:0:ab.1", ""):
+        frames = wire.encode_new_container("m", "1", 3, token=token, features=[feature])
+        msg = wire.decode_container_message(frames)
+        assert isinstance(msg, wire.NewContainer)
+        assert (msg.token, msg.features) == (token, frozenset({feature}))
+    # Without features the frames are as before (an older frontend reads the same bytes).
+    plain = wire.encode_new_container("m", "1", 3, token="t")
+    assert len(plain) == 8
+    assert wire.decode_container_message(plain) == wire.NewContainer("m", "1", 3, 3, True, "t")
+
+
 def test_retire_and_queue_report_round_trip() -> None:
     assert wire.decode_frontend_message(wire.encode_retire()) == wire.Retire()
     report = wire.decode_container_message(wire.encode_queue_report(7, 2))

@@ -27,12 +27,19 @@ Frontend -> container::
                       dials each one it has no link to and drops links to the others.
     RETIRE            [b"", u32 3, u32 20] (ours): say goodbye on every link, answer the
                       batches held, and exit 0.
+    LOCAL_SOCKETS     [b"", u32 3, u32 22, tcp_0, ipc_0, ..., tcp_{n-1}, ipc_{n-1}] (ours):
+                      the private Unix socket (``ipc:///path``) of each live frontend that has
+                      one, by its FRONTENDS address; sent before FRONTENDS, only to a replica
+                      whose metadata lists the ``local-sockets`` feature. A replica on the same
+                      machine dials the socket instead of the TCP address.
 
 Container -> frontend::
 
     heartbeat         [b"", u32 2]
     new container     [b"", u32 0, name, version, b"<input code as decimal>", u32 3,
-                       (optional) b"clipper-serve/fast1"]
+                       (optional) b"clipper-serve/fast1", (optional) replica token,
+                       (optional) features: comma-separated ASCII names (ours:
+                       ``local-sockets``)]
     v3 response       [b"", u32 1, msg_id (4 raw bytes), u64 8*(n+1),
                        u64[n+1] = [n, len_0..len_{n-1}], out_0, ..., out_{n-1}]
     FAST response     [b"", u32 16, msg_id (4 raw bytes), u32 status, body]
@@ -76,6 +83,7 @@ from clipper.rpc.outputs import OutputRefused
 __all__ = [
     "ARTIFACT_CHUNK_MAX",
     "FAST_TOKEN",
+    "LOCAL_SOCKETS_FEATURE",
     "MAX_ADDRESS_BYTES",
     "MAX_FRONTENDS",
     "RPC_VERSION",
@@ -87,6 +95,7 @@ __all__ = [
     "Heartbeat",
     "HeartbeatReply",
     "HeartbeatType",
+    "LocalSockets",
     "MessageType",
     "NewContainer",
     "PredictRequest",
@@ -103,6 +112,7 @@ __all__ = [
     "encode_goodbye",
     "encode_heartbeat",
     "encode_heartbeat_reply",
+    "encode_local_sockets",
     "encode_new_container",
     "encode_predict_error_fast",
     "encode_predict_fast",
@@ -134,6 +144,7 @@ class MessageType(enum.IntEnum):
     FRONTENDS = 19  # ours: frontend -> container, every live frontend's address
     RETIRE = 20  # ours: frontend -> container, drain every link and exit
     QUEUE_REPORT = 21  # ours: container -> frontend, its batches not answered yet
+    LOCAL_SOCKETS = 22  # ours: frontend -> container, the live frontends' Unix sockets
 
 
 class HeartbeatType(enum.IntEnum):
@@ -164,6 +175,7 @@ _P_ARTIFACT = _U32.pack(MessageType.ARTIFACT)
 _P_FRONTENDS = _U32.pack(MessageType.FRONTENDS)
 _P_QUEUE_REPORT = _U32.pack(MessageType.QUEUE_REPORT)
 _P_RETIRE = _U32.pack(MessageType.RETIRE)
+_P_LOCAL_SOCKETS = _U32.pack(MessageType.LOCAL_SOCKETS)
 _P_PREDICT = _U32.pack(RequestType.PREDICT)
 _P_FAST_PREDICT = _U32.pack(RequestType.FAST_PREDICT)
 _P_STATUS_OK = _U32.pack(0)
@@ -176,6 +188,9 @@ ARTIFACT_CHUNK_MAX = 4 * 2**20
 # Bounds on a FRONTENDS message, so a bad one cannot make a replica open links without limit.
 MAX_FRONTENDS = 64
 MAX_ADDRESS_BYTES = 256
+# A container that dials a frontend's private Unix socket when it is on the same machine
+# (LOCAL_SOCKETS) says so in its metadata; other containers are never sent that message.
+LOCAL_SOCKETS_FEATURE = "local-sockets"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,6 +212,7 @@ class NewContainer:
     rpc_version: int | None
     fast: bool
     token: str = ""
+    features: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +239,14 @@ class Frontends:
     """Frontend -> container: every live frontend's RPC address."""
 
     addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSockets:
+    """Frontend -> container: ``(tcp address, ipc address)`` for each live frontend with a
+    private Unix socket."""
+
+    pairs: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +420,14 @@ def encode_frontends(addresses: Sequence[str]) -> list[bytes]:
     return [_EMPTY, _P_VERSION, _P_FRONTENDS, *encoded]
 
 
+def encode_local_sockets(pairs: Sequence[tuple[str, str]]) -> list[bytes]:
+    """LOCAL_SOCKETS (only to a container with the ``local-sockets`` feature); raises
+    :class:`WireError` for what the decoder would refuse."""
+    encoded = [part.encode() for pair in pairs for part in pair]
+    _check_local_sockets(encoded)
+    return [_EMPTY, _P_VERSION, _P_LOCAL_SOCKETS, *encoded]
+
+
 def encode_retire() -> list[bytes]:
     return [_EMPTY, _P_VERSION, _P_RETIRE]
 
@@ -411,6 +443,26 @@ def _check_frontends(addresses: Sequence[Frame]) -> None:
             )
 
 
+def _check_local_sockets(frames: Sequence[Frame]) -> None:
+    if len(frames) % 2:
+        raise WireError(f"local sockets: expected (tcp, ipc) pairs, got {len(frames)} frames")
+    if len(frames) > 2 * MAX_FRONTENDS:
+        raise WireError(f"local sockets: at most {MAX_FRONTENDS} pairs, got {len(frames) // 2}")
+    for i, a in enumerate(frames):
+        prefix, what = (b"tcp://", "tcp://host:port") if i % 2 == 0 else (b"ipc:///", "ipc:///path")
+        if not 0 < len(a) <= MAX_ADDRESS_BYTES or bytes(a[: len(prefix)]) != prefix:
+            raise WireError(
+                f"frame {3 + i} (local socket): expected {what} of at most {MAX_ADDRESS_BYTES} "
+                f"bytes, got {bytes(a[:64])!r}"
+            )
+
+
+def _decode_local_sockets(frames: Sequence[Frame]) -> LocalSockets:
+    _check_local_sockets(frames[3:])
+    parts = [_utf8(frames, i, "local socket") for i in range(3, len(frames))]
+    return LocalSockets(tuple(zip(parts[::2], parts[1::2], strict=True)))
+
+
 def _decode_frontends(frames: Sequence[Frame]) -> Frontends:
     _check_frontends(frames[3:])
     addresses = tuple(_utf8(frames, i, "frontend address") for i in range(3, len(frames)))
@@ -424,7 +476,7 @@ def _decode_frontends(frames: Sequence[Frame]) -> Frontends:
 
 def decode_frontend_message(
     frames: Sequence[Frame],
-) -> HeartbeatReply | PredictRequest | ArtifactChunk | Frontends | Retire:
+) -> HeartbeatReply | PredictRequest | ArtifactChunk | Frontends | LocalSockets | Retire:
     """Decode a frontend -> container message (the DEALER receives no identity frame)."""
     _need(frames, 3, "delimiter, RPC version, message type")
     _delimiter(frames)
@@ -446,6 +498,8 @@ def decode_frontend_message(
         return ArtifactChunk(meta, frames[4])
     if mtype == MessageType.FRONTENDS:
         return _decode_frontends(frames)
+    if mtype == MessageType.LOCAL_SOCKETS:
+        return _decode_local_sockets(frames)
     if mtype == MessageType.RETIRE:
         if len(frames) != 3:
             raise WireError(f"retire: expected 3 frames, got {len(frames)}")
@@ -589,7 +643,13 @@ def encode_artifact_request(name: str, version: str, offset: int, max_bytes: int
 
 
 def encode_new_container(
-    name: str, version: str, input_code: int, *, fast: bool = True, token: str = ""
+    name: str,
+    version: str,
+    input_code: int,
+    *,
+    fast: bool = True,
+    token: str = "",
+    features: Sequence[str] = (),
 ) -> list[bytes]:
     frames = [
         _EMPTY,
@@ -601,10 +661,12 @@ def encode_new_container(
     ]
     if fast:
         frames.append(FAST_TOKEN)
-        if token:
+        if token or features:
             # Ours only: the slot token the local manager gave this process, so the frontend
             # can tie the connection to the process (drain before stop, removal on exit).
             frames.append(token.encode())
+        if features:
+            frames.append(",".join(features).encode("ascii"))
     return frames
 
 
@@ -713,7 +775,10 @@ def _decode_new_container(frames: Sequence[Frame]) -> NewContainer:
     rpc_version = _u32(frames, 5, "RPC version") if len(frames) > 5 else None
     fast = len(frames) > 6 and bytes(frames[6]) == FAST_TOKEN
     token = _utf8(frames, 7, "replica token") if fast and len(frames) > 7 else ""
-    return NewContainer(name, version, int(code_text), rpc_version, fast, token)
+    features: frozenset[str] = frozenset()
+    if fast and len(frames) > 8:
+        features = frozenset(f for f in _utf8(frames, 8, "features").split(",") if f)
+    return NewContainer(name, version, int(code_text), rpc_version, fast, token, features)
 
 
 def _decode_response_v3(frames: Sequence[Frame]) -> PredictResponse:
