@@ -179,6 +179,7 @@ class Clipper:
             shared=config.replicas_shared,
             ttl_s=config.owner_lease_ttl_s,
             feed=self.rpc,
+            local=lambda: self.rpc.local_address,
         )
         if config.shared_store and config.share_replicas is None and not config.replicas_shared:
             log.warning(

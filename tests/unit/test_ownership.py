@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -36,13 +36,23 @@ MV = ModelVersion(name="m", version="1", input_type=InputType.DOUBLES, artifact=
 class Feed:
     def __init__(self) -> None:
         self.sent: list[list[str]] = []
+        self.sockets: list[dict[str, str]] = []
 
-    def set_frontends(self, addresses: Sequence[str]) -> None:
+    def set_frontends(
+        self, addresses: Sequence[str], local: Mapping[str, str] | None = None
+    ) -> None:
         self.sent.append(list(addresses))
+        self.sockets.append(dict(local or {}))
 
 
 def ownership(
-    store: MemoryStore, clock: FakeClock, node: str, port: int, feed: object | None = None
+    store: MemoryStore,
+    clock: FakeClock,
+    node: str,
+    port: int,
+    feed: object | None = None,
+    *,
+    local: str | None = None,
 ) -> Ownership:
     return Ownership(
         store,
@@ -53,6 +63,7 @@ def ownership(
         ttl_s=3.0,
         announce_s=1.0,
         feed=feed,
+        local=lambda: local,
     )
 
 
@@ -98,6 +109,32 @@ async def test_one_frontend_owns_and_every_frontend_sees_all_addresses(
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_frontends_with_a_unix_socket_announce_it_and_the_feed_gets_them(
+    store_clock: tuple[MemoryStore, FakeClock],
+) -> None:
+    # Replicas on a frontend's machine dial its private socket (clipper.container.dial): the
+    # feed gets each live frontend's socket by its TCP address; one without a socket (or with
+    # a value that is no ipc:/// address) is simply absent.
+    store, clock = store_clock
+    feed = Feed()
+    a = ownership(store, clock, "a", 7000, local="ipc:///tmp/a/rpc")
+    b = ownership(store, clock, "b", 7001, feed)
+    c = ownership(store, clock, "c", 7002, local="tcp://127.0.0.1:9")
+    for o in (a, b, c):
+        await o.start()
+    try:
+        await tick(clock, 1)
+        assert feed.sent[-1] == [f"tcp://127.0.0.1:{p}" for p in (7000, 7001, 7002)]
+        assert feed.sockets[-1] == {"tcp://127.0.0.1:7000": "ipc:///tmp/a/rpc"}
+        await a.stop()
+        await tick(clock, 4)  # a's announcement expires: its socket goes with it
+        assert feed.sent[-1] == ["tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002"]
+        assert feed.sockets[-1] == {}
+    finally:
+        for o in (a, b, c):
+            await o.stop()
 
 
 async def test_a_dead_owners_lease_expires_and_another_frontend_takes_it(

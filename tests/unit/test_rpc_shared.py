@@ -42,8 +42,13 @@ class Endpoint:
         # What the container decodes (its DEALER sees no identity frame).
         return [wire.decode_frontend_message(f[1:]) for f in self.sent if f[0] == identity]
 
-    def register(self, identity: bytes, *, fast: bool = True, token: str = "") -> None:
-        meta = wire.encode_new_container("m", "1", InputType.BYTES.code, fast=fast, token=token)
+    def register(
+        self, identity: bytes, *, fast: bool = True, token: str = "", sockets: bool = False
+    ) -> None:
+        features = (wire.LOCAL_SOCKETS_FEATURE,) if sockets else ()
+        meta = wire.encode_new_container(
+            "m", "1", InputType.BYTES.code, fast=fast, token=token, features=features
+        )
         if not fast:
             meta = meta[:6]
         self.rpc._handle([identity, *meta])
@@ -94,6 +99,24 @@ async def test_frontends_go_to_every_fast_replica_now_and_on_registering(
     with pytest.raises(WireError, match="at most 64 addresses"):
         ep.rpc.set_frontends([f"tcp://h:{i}" for i in range(65)])
     assert ep.rpc.frontends == ("tcp://b:2",)  # a refused list is not remembered
+
+
+async def test_local_sockets_go_first_and_only_to_replicas_that_asked(endpoint: Endpoint) -> None:
+    # A replica that listed the local-sockets feature is told the frontends' Unix sockets
+    # before each FRONTENDS list (so it dials them for the frontends on its machine); one
+    # that did not never sees the message (an older replica would log it as malformed).
+    ep = endpoint
+    ep.register(b"new", token="t1", sockets=True)
+    ep.register(b"old", token="t2")
+    listed = ["tcp://a:1", "tcp://b:2"]
+    ep.rpc.set_frontends(listed, {"tcp://a:1": "ipc:///run/a/rpc", "tcp://gone:3": "ipc:///x"})
+    sockets = wire.LocalSockets((("tcp://a:1", "ipc:///run/a/rpc"),))
+    assert ep.sent_to(b"new") == [sockets, wire.Frontends(tuple(listed))]
+    assert ep.sent_to(b"old") == [wire.Frontends(tuple(listed))]
+    ep.register(b"later", sockets=True)  # one that registers later gets both at once
+    assert ep.sent_to(b"later") == [sockets, wire.Frontends(tuple(listed))]
+    ep.rpc.set_frontends(["tcp://b:2"])  # no sockets now: an empty message says so
+    assert ep.sent_to(b"new")[-2:] == [wire.LocalSockets(()), wire.Frontends(("tcp://b:2",))]
 
 
 async def test_retire_goes_to_the_replica_with_that_token(endpoint: Endpoint) -> None:

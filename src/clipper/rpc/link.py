@@ -22,13 +22,15 @@ class Connection(Generic[P]):
     ``token`` is the replica token a managed container presents ("" for one started by hand);
     ``peer`` is the serving side's record of this connection, set by whoever registers it;
     ``queued_elsewhere`` is, from the container's latest queue report, the batches other
-    frontends have queued on it (0 until a shared replica reports).
+    frontends have queued on it (0 until a shared replica reports); ``local_sockets``, whether
+    its metadata listed the ``local-sockets`` feature (it may be sent LOCAL_SOCKETS).
     """
 
     __slots__ = (
         "fast",
         "identity",
         "last_seen",
+        "local_sockets",
         "peer",
         "queued_elsewhere",
         "replica_id",
@@ -54,3 +56,5 @@ class Connection(Generic[P]):
         self.token = token
         self.peer: P | None = None
         self.queued_elsewhere = 0
+        # It dials a frontend's private Unix socket when told of one (wire.LOCAL_SOCKETS).
+        self.local_sockets = False

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar, cast
 
@@ -140,6 +140,8 @@ class RpcServer(Generic[P]):
         self._artifacts = artifacts
         # Every live frontend's RPC address (set_frontends): sent to each fast replica.
         self._frontends: tuple[str, ...] | None = None
+        # The listed frontends' private Unix sockets, (address, ipc address) pairs.
+        self._local_sockets: tuple[tuple[str, str], ...] = ()
         self._local_socket = local_socket
         self._local_dir: str | None = None  # the Unix socket's directory, while it is bound
 
@@ -234,19 +236,28 @@ class RpcServer(Generic[P]):
             self._local_dir = None
 
     # shared replicas
-    def set_frontends(self, addresses: Sequence[str]) -> None:
+    def set_frontends(
+        self, addresses: Sequence[str], local: Mapping[str, str] | None = None
+    ) -> None:
         """Remember every live frontend's RPC address and send the list (FRONTENDS) to each
         registered fast replica now, and to each one that registers later: a shared replica
-        dials every frontend listed. v3 replicas are never sent it. Raises
+        dials every frontend listed. v3 replicas are never sent it. ``local`` maps a listed
+        address to that frontend's private Unix socket: sent first (LOCAL_SOCKETS) to the
+        replicas that can use it, so one on the same machine dials the socket instead. Raises
         :class:`~clipper.errors.WireError` (and keeps the previous list) for more than
         :data:`~clipper.rpc.wire.MAX_FRONTENDS` addresses or one longer than
         :data:`~clipper.rpc.wire.MAX_ADDRESS_BYTES`: no replica would take it."""
         frames = wire.encode_frontends(addresses)  # refuses a list no replica would take
+        pairs = tuple((a, local[a]) for a in addresses if local and a in local)
+        sockets = wire.encode_local_sockets(pairs)
         self._frontends = tuple(addresses)
+        self._local_sockets = pairs
         if self._sock is None:
             return
         for replica in list(self._replicas.values()):
             if replica.fast:
+                if replica.local_sockets:
+                    self.send_to(replica.identity, sockets)
                 self.send_to(replica.identity, frames)
 
     @property
@@ -429,7 +440,10 @@ class RpcServer(Generic[P]):
             new = self._registrar(msg, identity)
             if new is not None:
                 self._replicas[identity] = new
+                new.local_sockets = wire.LOCAL_SOCKETS_FEATURE in msg.features
                 if new.fast and self._frontends is not None:
+                    if new.local_sockets:
+                        self.send_to(identity, wire.encode_local_sockets(self._local_sockets))
                     self.send_to(identity, wire.encode_frontends(self._frontends))
                 log.info(
                     "replica %s of %s:%s connected (%s framing)",

@@ -12,7 +12,8 @@ would have expired, so two owners never act at once for longer than the store's 
 Every frontend also announces the RPC address replicas should dial, about every second with a
 TTL of a few seconds, and hands the live list to the RPC endpoint (``set_frontends``), which
 tells the replicas: a frontend that starts is dialled by the running replicas, one that is gone
-is dropped by them.
+is dropped by them. A frontend with a private Unix socket announces it too; the replicas on
+its machine dial that instead of the TCP address (docs/containers.md, "Local containers").
 
 Without sharing, this frontend owns its own replicas and nothing is written to the store.
 """
@@ -23,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from clipper.clock import Clock, sleep
@@ -44,7 +45,9 @@ _MISSED_ANNOUNCEMENTS: Final = 3
 class FrontendFeed(Protocol):
     """Who gets the live frontends' addresses (the RPC endpoint, which tells its replicas)."""
 
-    def set_frontends(self, addresses: Sequence[str]) -> None: ...
+    def set_frontends(
+        self, addresses: Sequence[str], local: Mapping[str, str] | None = None
+    ) -> None: ...
 
 
 OwnerListener = Callable[[bool], None]
@@ -62,10 +65,12 @@ class Ownership:
         ttl_s: float = 5.0,
         announce_s: float = 1.0,
         feed: object | None = None,
+        local: Callable[[], str | None] | None = None,
     ) -> None:
         """``address()``: the RPC address replicas dial here (``tcp://host:port``), read once
-        the RPC port is bound. ``feed``: gets ``set_frontends(addresses)`` when it has that
-        method (the RPC endpoint, once it speaks the FRONTENDS message)."""
+        the RPC port is bound; ``local()``: this frontend's private Unix socket
+        (``ipc:///path``) or None. ``feed``: gets ``set_frontends(addresses, local)`` when it
+        has that method (the RPC endpoint, once it speaks the FRONTENDS message)."""
         if ttl_s <= 0 or announce_s <= 0:
             raise ValueError("the owner lease's TTL and the announcement interval must be > 0")
         self.store = store
@@ -75,6 +80,7 @@ class Ownership:
         self.announce_s = min(announce_s, ttl_s / 3)
         self._node_id = node_id
         self._address = address
+        self._local = local
         self._feed = feed
         # Unique per process: a frontend restarted on the same state directory (same node id)
         # is a new claimant, not the holder of the lease its previous process left.
@@ -84,6 +90,8 @@ class Ownership:
         self._valid_until = 0.0
         self._next_claim = 0.0
         self._frontends: list[str] = []
+        # address -> private Unix socket, for the live frontends that announced one.
+        self._sockets: dict[str, str] = {}
         self._listeners: list[OwnerListener] = []
         self._task: asyncio.Task[None] | None = None
         self._failing = False
@@ -195,7 +203,7 @@ class Ownership:
             await self.store.announce(
                 FRONTENDS,
                 self.holder,
-                {"rpc": self._address(), "node": self._node_id()},
+                self._announcement(),
                 self.announce_s * _MISSED_ANNOUNCEMENTS,
             )
             live = await self.store.live(FRONTENDS)
@@ -219,7 +227,15 @@ class Ownership:
             log.info("replica ownership: the store answers again")
         self._failing = False
         self._frontends = sorted({a for v in live.values() if (a := _address_of(v))})
+        self._sockets = {_address_of(v): _socket_of(v) for v in live.values() if _socket_of(v)}
         self._feed_frontends()
+
+    def _announcement(self) -> dict[str, str]:
+        value = {"rpc": self._address(), "node": self._node_id()}
+        ipc = self._local() if self._local is not None else None
+        if ipc:
+            value["ipc"] = ipc
+        return value
 
     def _feed_frontends(self) -> None:
         # Sent every tick, changed or not: a replica that was leaving a frontend when that
@@ -229,7 +245,7 @@ class Ownership:
         if setter is None:
             return  # the RPC endpoint does not speak FRONTENDS: replicas dial what they were given
         try:
-            setter(list(self._frontends))
+            setter(list(self._frontends), dict(self._sockets))
         except ClipperError as exc:  # a list no replica would take: the previous one stays
             log.warning("the live frontends were not sent to the replicas: %s", exc)
 
@@ -249,3 +265,9 @@ class Ownership:
 
 def _address_of(value: Any) -> str:
     return str(value.get("rpc") or "") if isinstance(value, dict) else ""
+
+
+def _socket_of(value: Any) -> str:
+    """The announced private Unix socket, or "" (none, or not an ``ipc:///`` address)."""
+    ipc = str(value.get("ipc") or "") if isinstance(value, dict) else ""
+    return ipc if ipc.startswith("ipc:///") else ""
