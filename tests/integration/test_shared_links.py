@@ -7,9 +7,11 @@ those no longer listed, never the last live one; a replica that is not ``--share
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +53,14 @@ class Gated:
 
 
 class Replica:
-    def __init__(self, model: object, address: str, frontends: list[str], shared: bool) -> None:
+    def __init__(
+        self,
+        model: object,
+        address: str,
+        frontends: list[str],
+        shared: bool,
+        activity_timeout: float = 10.0,
+    ) -> None:
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
 
@@ -61,6 +70,7 @@ class Replica:
                     model, name="m", version="1", input_type=InputType.DOUBLES,
                     address=address, frontends=frontends, shared=shared,
                     heartbeat_interval=0.05, stop_event=self.stop,
+                    activity_timeout=activity_timeout,
                 )  # fmt: skip
             except BaseException as e:
                 self.errors.append(e)
@@ -211,3 +221,86 @@ def test_a_replica_that_is_not_shared_ignores_frontends_and_sends_no_reports(
                 assert not isinstance(decode_container_message(frames), QueueReport)
     finally:
         replica.close()
+
+
+def ipc_frontend(path: Path) -> MockFrontend:
+    """A mock frontend that also listens on a Unix socket at ``path`` (the replica is told it
+    is the socket of another mock's TCP address: what arrives here came over the socket)."""
+    fe = MockFrontend()
+    fe.sock.bind(f"ipc://{path}")
+    return fe
+
+
+def test_a_frontend_on_this_machine_is_dialled_on_its_unix_socket(
+    fronts: list[MockFrontend], tmp_path: Path
+) -> None:
+    a, b_tcp = fronts
+    b_ipc = ipc_frontend(tmp_path / "b.sock")
+    replica = Replica(Gated(), a.address, [b_tcp.address], shared=True)
+    try:
+        ida, meta, _ = a.register()
+        assert wire.LOCAL_SOCKETS_FEATURE in meta.features  # it asks to be told of sockets
+        idb, _, _ = b_tcp.register()  # --frontend: over TCP until told otherwise
+        a.send(ida, wire.encode_local_sockets([(b_tcp.address, f"ipc://{tmp_path}/b.sock")]))
+        a.send(ida, wire.encode_frontends([a.address, b_tcp.address]))
+        idx, _, _ = b_ipc.register()  # b's socket is dialled ...
+        assert isinstance(next_of(b_tcp, Goodbye, idb), Goodbye)  # ... and b's TCP link left
+        b_tcp.send(idb, wire.encode_heartbeat_reply(HeartbeatType.GOODBYE_ACK))
+        assert ask(b_ipc, idx, batch(1, [2.0, 3.0])) == PredictResponse(1, [5.0], None, False)
+        while b_tcp.sock.poll(0):
+            b_tcp.recv()  # what it sent before the link closed
+        assert quiet(b_tcp)
+        # The next lists keep the socket's link: no new link, no goodbye.
+        a.send(ida, wire.encode_local_sockets([(b_tcp.address, f"ipc://{tmp_path}/b.sock")]))
+        a.send(ida, wire.encode_frontends([a.address, b_tcp.address]))
+        assert ask(b_ipc, idx, batch(2, [1.0, 1.0])) == PredictResponse(2, [2.0], None, False)
+        assert quiet(b_tcp)
+    finally:
+        replica.close()
+        b_ipc.close()
+
+
+def test_a_socket_path_that_is_no_socket_here_is_never_dialled(
+    fronts: list[MockFrontend], tmp_path: Path
+) -> None:
+    # Another machine's frontend: its socket's path is absent here, or names something else.
+    a, b = fronts
+    (tmp_path / "plain-file").write_bytes(b"")
+    replica = Replica(Gated(), a.address, [], shared=True)
+    try:
+        ida, _, _ = a.register()
+        a.send(ida, wire.encode_local_sockets([
+            (b.address, f"ipc://{tmp_path}/plain-file"),
+            ("tcp://127.0.0.1:1", f"ipc://{tmp_path}/absent"),
+        ]))  # fmt: skip
+        a.send(ida, wire.encode_frontends([a.address, b.address]))
+        idb, _, _ = b.register()  # its TCP address
+        assert ask(b, idb, batch(1, [1.0, 2.0])) == PredictResponse(1, [3.0], None, False)
+    finally:
+        replica.close()
+
+
+def test_a_unix_socket_that_never_answers_is_given_up_for_tcp(
+    fronts: list[MockFrontend], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A socket file that takes no connection (bound, never listening): after the activity
+    # timeout the replica dials that frontend's TCP address instead, and keeps to it.
+    a, b = fronts
+    caplog.set_level(logging.INFO, logger="clipper.container")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(tmp_path / "dead.sock"))
+    replica = Replica(Gated(), a.address, [], shared=True, activity_timeout=0.5)
+    try:
+        ida, _, _ = a.register()
+        sockets = wire.encode_local_sockets([(b.address, f"ipc://{tmp_path}/dead.sock")])
+        a.send(ida, sockets)
+        a.send(ida, wire.encode_frontends([a.address, b.address]))
+        idb, _, _ = b.register()
+        assert f"the Unix socket ipc://{tmp_path}/dead.sock never answered" in caplog.text
+        a.send(ida, sockets)
+        a.send(ida, wire.encode_frontends([a.address, b.address]))
+        assert ask(b, idb, batch(1, [4.0, 4.0])) == PredictResponse(1, [8.0], None, False)
+        assert "linking on its Unix socket" not in caplog.text.split("never answered")[1]
+    finally:
+        replica.close()
+        dead.close()

@@ -86,6 +86,25 @@ def replica_pids() -> list[int]:
     return containers_with(b"--name", MODEL.encode())
 
 
+def tcp_peer_ports(pid: int) -> set[int]:
+    """The remote ports of the TCP connections process ``pid`` holds (its sockets' inodes
+    looked up in /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[2].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def shared_flags(pid: int) -> tuple[bool, bool]:
     """(has --shared, has --parent-pid) in the replica's command line."""
     args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -179,6 +198,15 @@ async def test_two_frontends_share_two_replicas_through_the_owners_death(
     pids = replica_pids()
     assert len(pids) == 2, pids
     assert all(shared_flags(pid) == (True, False) for pid in pids)
+
+    # Both frontends are on this machine: the replicas reach each on its private Unix socket
+    # (the owner's from the start, the other's once the lists name it), not over TCP.
+    async def over_unix_sockets() -> bool:
+        rpc_ports = {a.ports.rpc, b.ports.rpc}
+        return not any(tcp_peer_ports(pid) & rpc_ports for pid in pids)
+
+    await wait_for(over_unix_sockets, limit_s=15.0, interval=0.2, what="links on Unix sockets")
+    await wait_for(both_connected, limit_s=15.0, interval=0.2, what="still 2 on each frontend")
     for fe in (a, b):
         doc = (await predict(fe.query_url, "sums", {"input": [2.0, 3.0]})).json()
         assert doc["output"] == 5.0 and not doc["default"], doc
@@ -203,6 +231,7 @@ async def test_two_frontends_share_two_replicas_through_the_owners_death(
         await wait_for(
             lambda: _connected_is(owner, 2), limit_s=30.0, interval=0.2, what="reconnected"
         )
+        await wait_for(over_unix_sockets, limit_s=15.0, interval=0.2, what="Unix sockets again")
         status = await owner.owner()
         assert status["is_owner"] is False
         assert status["owner"] == (await other.owner())["holder"]

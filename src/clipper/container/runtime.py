@@ -36,7 +36,8 @@ wakes the main thread's poller with a byte on a socketpair. With no message from
 Shared replicas (``--shared``, ``--frontend``): the container serves every frontend of a
 deployment. It follows the FRONTENDS lists the frontends send (dialling new addresses, dropping
 unlisted ones but never its last live link), reports its queue after each heartbeat, ignores
-``--parent-pid``, and exits once no frontend was heard from for ``--orphan-timeout-s``.
+``--parent-pid``, and exits once no frontend was heard from for ``--orphan-timeout-s``. A
+frontend on this machine is dialled on its private Unix socket (:mod:`clipper.container.dial`).
 
 Leaving: SIGTERM (or SIGINT, or a RETIRE message) drains. The container stops being ready,
 tells every frontend it leaves (a goodbye message, answered by an acknowledgement after which
@@ -73,6 +74,7 @@ import numpy as np
 import orjson
 import zmq
 
+from clipper.container.dial import DialPlan
 from clipper.container.fetch import ArtifactUnavailable, default_cache_dir, fetch_artifact
 from clipper.container.link import FrontendLink
 from clipper.container.options import build_parser, frontends_from
@@ -83,11 +85,13 @@ from clipper.inputs import InputType
 from clipper.rpc.auth import ClientKeys, load_client_keys
 from clipper.rpc.outputs import non_finite, unservable
 from clipper.rpc.wire import (
+    LOCAL_SOCKETS_FEATURE,
     MAX_FRONTENDS,
     Frame,
     Frontends,
     HeartbeatReply,
     HeartbeatType,
+    LocalSockets,
     PredictRequest,
     Retire,
     decode_frontend_message,
@@ -229,6 +233,7 @@ class _Server:
         # One link per frontend address (main thread only), dialled in run().
         self.addresses = list(dict.fromkeys(addresses))
         self.links: dict[str, FrontendLink] = {}
+        self.dial = DialPlan()  # the frontends' Unix sockets (LOCAL_SOCKETS), when shared
         self.ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self.poller: zmq.Poller | None = None
         self.shared = shared
@@ -527,6 +532,17 @@ class _Server:
             if link.retiring_by:
                 self.drop_link(link)  # being left anyway
                 continue
+            listed = self.dial.listed_as(link.address) if not link.connected else None
+            if listed is not None and listed not in self.links and not self.leaving:
+                # A socket file that takes no connection (a frontend's, seen from another
+                # mount of the same path): that frontend is dialled over TCP from now on.
+                self.log.warning(
+                    "the Unix socket %s never answered: dialling %s", link.address, listed
+                )
+                self.dial.refuse(link.address)
+                self.drop_link(link)
+                self.add_link(listed, now)
+                continue
             assert self.ctx is not None
             link.reconnect(self.ctx, now)
             self.poller = None
@@ -559,9 +575,15 @@ class _Server:
                         self.input_type.code,
                         fast=self.fast,
                         token=self.token,
+                        features=(LOCAL_SOCKETS_FEATURE,) if self.shared else (),
                     )
                 )
                 self.log.info("sent metadata to %s (fast=%s)", link.address, self.fast)
+            return
+        if isinstance(msg, LocalSockets):
+            link.ours = True
+            if self.shared:
+                self.dial.update(msg.pairs)  # the FRONTENDS list that follows uses them
             return
         if isinstance(msg, Frontends):
             link.ours = True
@@ -589,12 +611,16 @@ class _Server:
             return
         if self.leaving:
             return
-        wanted = set(addresses)
+        # A frontend on this machine is dialled on its Unix socket: a link on its TCP address
+        # (from --frontend) is then left, like an unlisted one, once the socket's link is up.
+        dials = [self.dial.dial(address) for address in addresses]
+        wanted = set(dials)
         now = time.monotonic()
-        for address in addresses:
-            if address not in self.links and len(self.links) < _MAX_LINKS:
-                self.log.info("frontend %s listed by %s: linking", address, origin.address)
-                self.add_link(address, now)
+        for address, dial in zip(addresses, dials, strict=True):
+            if dial not in self.links and len(self.links) < _MAX_LINKS:
+                via = f" on its Unix socket {dial}" if dial != address else ""
+                self.log.info("frontend %s listed by %s: linking%s", address, origin.address, via)
+                self.add_link(dial, now)
         for link in list(self.links.values()):
             if link.address in wanted or link.retiring_by:
                 continue

@@ -502,14 +502,16 @@ class LocalManager:
         ]  # fmt: skip
 
     def _dial(self) -> list[str]:
-        """How a container this manager starts reaches the frontend. A child of this frontend
-        (not shared) dials its private Unix socket without keys (clipper.rpc.server.RpcServer.
-        local_address); a shared replica dials the frontends' TCP ports, with the key
-        directory's path (never the keys: command lines are visible to everyone)."""
-        local = self._rpc_local() if self.shared is None else None
-        if local is not None:
-            return ["--ipc", local.removeprefix("ipc://")]
+        """How a container this manager starts reaches the frontend: on its private Unix
+        socket without keys (clipper.rpc.server.RpcServer.local_address), else its TCP port
+        with the key directory's path (never the keys: command lines are visible to
+        everyone). A shared replica gets the key path either way, for the other frontends it
+        dials over TCP (those on this machine it dials on their sockets once they tell it
+        of them: clipper.container.dial)."""
+        local = self._rpc_local()
         keys = ["--rpc-keys", str(self.rpc_keys)] if self.rpc_keys is not None else []
+        if local is not None:
+            return ["--ipc", local.removeprefix("ipc://"), *(keys if self.shared else [])]
         return ["--ip", self._rpc_host(), "--port", str(self._rpc_port()), *keys]
 
     def _env(self) -> dict[str, str]:
