@@ -8,9 +8,10 @@ replica (per worker, until replicas are shared). Its prediction cache is off, so
 goes to a replica; with ``--cache`` it is on, and the one body wrk sends is a hit after the
 first query, so only the frontends work. A warm-up, then wrk (benchmarks/loadgen.py's wrk
 engine) for ``--duration`` seconds with ``--concurrency`` keep-alive connections, which the
-kernel spreads over the workers. Reported per N: requests per second, latency, and CPU per
+kernel spreads over the workers. Reported per N: requests per second, latency, CPU per
 request from /proc: the frontend processes' (the supervisor and its workers; utime + stime)
-and the replicas'.
+and the replicas', and the replicas' TCP connections (0 when every link is on a frontend's
+private Unix socket, as it is for frontends on the replica's machine).
 
 The load generator runs on the same machine and takes its share of the cores: on a machine
 with few cores the ratio between N = 2 and N = 1 is bounded by what wrk leaves.
@@ -19,6 +20,7 @@ with few cores the ratio between N = 2 and N = 1 is bounded by what wrk leaves.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import signal
@@ -56,6 +58,7 @@ class Row:
     frontend_cpu_us: float  # per request, supervisor + workers
     replica_cpu_us: float  # per request, every replica
     frontend_share: dict[int, float]  # worker index -> share of the frontend CPU
+    replica_tcp: int  # the replicas' TCP connections (0: every link on a Unix socket)
 
 
 def cpu_s(pid: int) -> float:
@@ -79,6 +82,25 @@ def replica_pids(parents: Sequence[int], state: Path) -> list[int]:
         if any(f == b"--rpc-keys" and v.startswith(prefix) for f, v in itertools.pairwise(argv))
     }
     return sorted(own | shared)
+
+
+def tcp_connections(pid: int) -> int:
+    """The TCP sockets process ``pid`` holds (a replica's only TCP use is its links to the
+    frontends: 0 means every link is on a frontend's Unix socket)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            count += sum(
+                line.split()[9] in inodes for line in Path(table).read_text().splitlines()[1:]
+            )
+    return count
 
 
 def admin(port: int, route: str, doc: Any, timeout_s: float = 120.0) -> Any:
@@ -155,6 +177,7 @@ def run_one(n: int, args: argparse.Namespace, artifact: str, body: bytes) -> Row
             result = loadgen.run_wrk(url, body, args.concurrency, args.duration)
             after = {k: cpu_s(p) for k, p in pids.items()}
             rep_after = sum(cpu_s(p) for p in replicas)
+            replica_tcp = sum(tcp_connections(p) for p in replicas)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -176,6 +199,7 @@ def run_one(n: int, args: argparse.Namespace, artifact: str, body: bytes) -> Row
         frontend_cpu_us=total / requests * 1e6,
         replica_cpu_us=(rep_after - rep_before) / requests * 1e6,
         frontend_share={k: v / total if total else 0.0 for k, v in sorted(used.items())},
+        replica_tcp=replica_tcp,
     )
 
 
@@ -206,14 +230,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"machine: {os.cpu_count()} cores; wrk -t1 -c{args.concurrency} -d{args.duration:g}s; "
         f"prediction cache {'on' if args.cache else 'off'}"
     )
-    print("workers   req/s   p50 ms   p99 ms  errors  frontend CPU us/req  replica CPU us/req")
+    print(
+        "workers   req/s   p50 ms   p99 ms  errors  frontend CPU us/req  replica CPU us/req  "
+        "replica TCP links"
+    )
     for r in rows:
         if args.json:
             print(orjson.dumps(r.__dict__, option=orjson.OPT_NON_STR_KEYS).decode())
             continue
         print(
             f"{r.workers:>7} {r.rps:>7,.0f} {r.p50_us / 1000:>8.2f} {r.p99_us / 1000:>8.2f} "
-            f"{r.errors:>7} {r.frontend_cpu_us:>20.0f} {r.replica_cpu_us:>19.0f}"
+            f"{r.errors:>7} {r.frontend_cpu_us:>20.0f} {r.replica_cpu_us:>19.0f} "
+            f"{r.replica_tcp:>18}"
         )
     base = rows[0].rps if rows else 0.0
     for r in rows[1:]:
