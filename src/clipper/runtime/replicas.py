@@ -106,8 +106,12 @@ class ReplicaDirectory:
         return len(replica.in_flight) if replica is not None else 0
 
     def removed(self, link: Connection[Replica]) -> None:
-        if link.token:
-            self._by_token.pop(link.token, None)
+        # Only this connection's entry: the same process may already be registered again on
+        # a newer connection (a reconnect, or a shared replica moving to this frontend's Unix
+        # socket), which must stay known by its token.
+        known = self._by_token.get(link.token) if link.token else None
+        if known is not None and known.link is link:
+            del self._by_token[link.token]
         replica = link.peer
         if replica is not None and replica.scheduler is not None:
             replica.scheduler.remove_replica(replica)
