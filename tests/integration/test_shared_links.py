@@ -223,6 +223,22 @@ def test_a_replica_that_is_not_shared_ignores_frontends_and_sends_no_reports(
         replica.close()
 
 
+def no_goodbye(*fes: MockFrontend) -> bool:
+    """For QUIET_S no frontend of ``fes`` is told goodbye; each answers the heartbeats it gets
+    (a live frontend: the replica's activity timeout never fires on its link)."""
+    deadline = time.monotonic() + QUIET_S
+    while time.monotonic() < deadline:
+        for fe in fes:
+            while fe.sock.poll(5):
+                ident, frames = fe.recv()
+                msg = decode_container_message(frames)
+                if isinstance(msg, Goodbye):
+                    return False
+                if isinstance(msg, Heartbeat):
+                    fe.send(ident, wire.encode_heartbeat_reply(HeartbeatType.KEEP_ALIVE))
+    return True
+
+
 def ipc_frontend(path: Path) -> MockFrontend:
     """A mock frontend that also listens on a Unix socket at ``path`` (the replica is told it
     is the socket of another mock's TCP address: what arrives here came over the socket)."""
@@ -244,7 +260,14 @@ def test_a_frontend_on_this_machine_is_dialled_on_its_unix_socket(
         a.send(ida, wire.encode_local_sockets([(b_tcp.address, f"ipc://{tmp_path}/b.sock")]))
         a.send(ida, wire.encode_frontends([a.address, b_tcp.address]))
         idx, _, _ = b_ipc.register()  # b's socket is dialled ...
-        assert isinstance(next_of(b_tcp, Goodbye, idb), Goodbye)  # ... and b's TCP link left
+        # ... and b's TCP link is kept until the socket's link is registered (b would
+        # otherwise have this replica on neither for a moment), then left at the next list.
+        a.send(ida, wire.encode_frontends([a.address, b_tcp.address]))
+        assert no_goodbye(b_tcp)
+        b_ipc.send(idx, wire.encode_heartbeat_reply(HeartbeatType.KEEP_ALIVE))
+        assert ask(b_ipc, idx, batch(3, [1.0, 2.0])) == PredictResponse(3, [3.0], None, False)
+        a.send(ida, wire.encode_frontends([a.address, b_tcp.address]))
+        assert isinstance(next_of(b_tcp, Goodbye, idb), Goodbye)
         b_tcp.send(idb, wire.encode_heartbeat_reply(HeartbeatType.GOODBYE_ACK))
         assert ask(b_ipc, idx, batch(1, [2.0, 3.0])) == PredictResponse(1, [5.0], None, False)
         while b_tcp.sock.poll(0):
@@ -280,22 +303,36 @@ def test_a_socket_path_that_is_no_socket_here_is_never_dialled(
         replica.close()
 
 
+@pytest.mark.parametrize("linked_over_tcp", [False, True])
 def test_a_unix_socket_that_never_answers_is_given_up_for_tcp(
-    fronts: list[MockFrontend], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    fronts: list[MockFrontend],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    linked_over_tcp: bool,
 ) -> None:
     # A socket file that takes no connection (bound, never listening): after the activity
-    # timeout the replica dials that frontend's TCP address instead, and keeps to it.
+    # timeout the replica dials that frontend's TCP address instead (or keeps the TCP link it
+    # had, never left meanwhile), and keeps to it.
     a, b = fronts
     caplog.set_level(logging.INFO, logger="clipper.container")
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(str(tmp_path / "dead.sock"))
-    replica = Replica(Gated(), a.address, [], shared=True, activity_timeout=0.5)
+    start = [b.address] if linked_over_tcp else []
+    replica = Replica(Gated(), a.address, start, shared=True, activity_timeout=0.5)
     try:
         ida, _, _ = a.register()
+        if linked_over_tcp:
+            idb, _, _ = b.register()
         sockets = wire.encode_local_sockets([(b.address, f"ipc://{tmp_path}/dead.sock")])
         a.send(ida, sockets)
         a.send(ida, wire.encode_frontends([a.address, b.address]))
-        idb, _, _ = b.register()
+        if linked_over_tcp:
+            deadline = time.monotonic() + TIMEOUT_S
+            while "never answered" not in caplog.text:
+                assert no_goodbye(b, a), "the TCP link was left for a socket that never answered"
+                assert time.monotonic() < deadline
+        else:
+            idb, _, _ = b.register()
         assert f"the Unix socket ipc://{tmp_path}/dead.sock never answered" in caplog.text
         a.send(ida, sockets)
         a.send(ida, wire.encode_frontends([a.address, b.address]))

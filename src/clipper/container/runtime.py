@@ -533,15 +533,17 @@ class _Server:
                 self.drop_link(link)  # being left anyway
                 continue
             listed = self.dial.listed_as(link.address) if not link.connected else None
-            if listed is not None and listed not in self.links and not self.leaving:
+            if listed is not None and not self.leaving:
                 # A socket file that takes no connection (a frontend's, seen from another
-                # mount of the same path): that frontend is dialled over TCP from now on.
+                # mount of the same path): that frontend is dialled over TCP from now on (its
+                # TCP link may still be there, kept until this one was up).
                 self.log.warning(
                     "the Unix socket %s never answered: dialling %s", link.address, listed
                 )
                 self.dial.refuse(link.address)
                 self.drop_link(link)
-                self.add_link(listed, now)
+                if listed not in self.links:
+                    self.add_link(listed, now)
                 continue
             assert self.ctx is not None
             link.reconnect(self.ctx, now)
@@ -612,11 +614,12 @@ class _Server:
         if self.leaving:
             return
         # A frontend on this machine is dialled on its Unix socket: a link on its TCP address
-        # (from --frontend) is then left, like an unlisted one, once the socket's link is up.
-        dials = [self.dial.dial(address) for address in addresses]
-        wanted = set(dials)
+        # (from --frontend) is then left, like an unlisted one, once the socket's link is
+        # registered there (a list later), so that frontend never has this replica on neither.
+        dials = dict(zip(addresses, (self.dial.dial(a) for a in addresses), strict=True))
+        wanted = set(dials.values())
         now = time.monotonic()
-        for address, dial in zip(addresses, dials, strict=True):
+        for address, dial in dials.items():
             if dial not in self.links and len(self.links) < _MAX_LINKS:
                 via = f" on its Unix socket {dial}" if dial != address else ""
                 self.log.info("frontend %s listed by %s: linking%s", address, origin.address, via)
@@ -624,19 +627,24 @@ class _Server:
         for link in list(self.links.values()):
             if link.address in wanted or link.retiring_by:
                 continue
+            listed = link.address if link.address in dials else self.dial.listed_as(link.address)
+            replacement = self.links.get(dials[listed]) if listed in dials else None
+            if replacement is not None and not replacement.registered:
+                continue  # the same frontend, dialled another way: not before that link is up
             others = [x for x in self.links.values() if x is not link and x.live]
             if not others:
                 continue
+            what = "dialled another way now" if replacement is not None else "no longer listed"
             if link.connected and self.fast:
                 # Told first, so it sends no new batch; dropped once those it sent are
                 # answered (or the drain timeout passes: a dead frontend never acknowledges).
-                self.log.info("frontend %s no longer listed: leaving its link", link.address)
+                self.log.info("frontend %s %s: leaving its link", link.address, what)
                 link.acked = False
                 link.retiring_by = now + self.drain_timeout
                 link.send(encode_goodbye())
                 self.update_readiness()
             else:
-                self.log.info("frontend %s no longer listed: dropping its link", link.address)
+                self.log.info("frontend %s %s: dropping its link", link.address, what)
                 self.drop_link(link)
 
     def flush(self) -> None:
