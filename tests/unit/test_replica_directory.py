@@ -19,8 +19,17 @@ from clipper.runtime.replicas import ReplicaDirectory
 
 
 class _Transport:
-    def send_batch(self, link: Connection[Replica], itype: InputType, payloads: list[bytes]) -> int:
+    def send_batch(
+        self,
+        link: Connection[Replica],
+        itype: InputType,
+        payloads: list[bytes],
+        traceparent: str | None = None,
+    ) -> int:
         return 0
+
+    def collect(self) -> None:
+        pass
 
 
 def directory() -> tuple[ReplicaDirectory, ModelScheduler, list[Connection[Replica]]]:
