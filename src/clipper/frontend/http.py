@@ -761,6 +761,10 @@ class _Connection(asyncio.Protocol):
         if slot.data is not None:
             return
         slot.data = _head(status, content_type, len(data), slot.keep_alive, headers) + data
+        # Answered: nobody is owed a closed connection's news. The watcher (the request's
+        # reply) holds this slot as its respond: left set, the pair would be a reference
+        # cycle, and every query the cyclic collector's to free.
+        slot.watcher = None
         if self._closed or self.transport is None:
             return
         slots = self._slots
