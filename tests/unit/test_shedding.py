@@ -186,6 +186,35 @@ def test_a_loop_too_far_behind_sheds_at_once_with_the_reason(
     assert (sched.offered, sched.lag_shed, sched.shed, sched.late) == (1, 1, 0, 0)
 
 
+def test_a_second_of_lag_sheds_only_starts_a_probe_that_queues_for_one_slo(
+    frontends: list[Frontend],  # noqa: F811
+) -> None:
+    # The closed-loop spiral through the lag: every query shed at once, every client back at
+    # once, each loop turn as long as the lag it sheds for. A second with (nearly) every
+    # query shed lets queries in for one SLO, as for a queue priced late.
+    app = single_app()
+    f = Frontend(app, ["m"])
+    frontends.append(f)
+    lagging(f, 0.019)
+    sched = f.replicas["m"].scheduler
+    assert sched is not None
+    shed = Answers(f.clock)
+    for _ in range(150):  # over PROBE_MIN_OFFERED, within the second
+        f.predict("app", BODY, shed)
+        f.clock.advance(0.005)
+    assert f.transport.sent == [] and sched.lag_shed == 150
+    assert all(doc["default"] for _, _, doc in shed.got)
+    f.clock.advance(0.3)  # more than a second since the window opened
+    probed = Answers(f.clock)
+    f.predict("app", BODY, probed)
+    assert len(f.transport.sent) == 1 and sched.probes == 1  # queued, not shed
+    f.predict("app", BODY, probed)  # within the probe's SLO: queued too
+    assert sched.lag_shed == 150
+    f.clock.advance(app.slo_s)  # the probe is over: the lag sheds again
+    f.predict("app", BODY, probed)
+    assert sched.lag_shed == 151 and sched.probes == 1
+
+
 def test_lag_that_still_leaves_time_queues(frontends: list[Frontend]) -> None:  # noqa: F811
     f = Frontend(single_app(), ["m"])
     frontends.append(f)

@@ -370,6 +370,15 @@ class ModelScheduler:
         """Whether admission is letting every query in to measure the model again."""
         return now < self._probe_until
 
+    def probe(self, now: float) -> bool:
+        """True to admit a query the frontend would shed for its own lag: a probe runs, or
+        one starts now (:meth:`_probe`). A frontend shedding for lag in a closed loop feeds
+        the same spiral as a queue priced late: its instant answers bring every client
+        straight back, each loop turn reads all of them, and the turn's length is the lag
+        it sheds for (at 256 connections, 19 ms of a 20 ms SLO: every query shed, the
+        replica idle, for as long as the load lasts)."""
+        return self._probe(now)
+
     def _probe(self, now: float) -> bool:
         """True to admit a query priced late: while a probe runs, or when one starts now.
 
@@ -386,9 +395,12 @@ class ModelScheduler:
             return True
         if now - self._window_at < PROBE_EVERY_S:
             return False
+        # Shed by the queue's price or by the frontend's lag (SingleRunner._behind): either
+        # spiral shows as (nearly) everything shed.
+        shed_now = self.shed + self.lag_shed
         offered = self.offered - self._window_offered
-        shed = self.shed - self._window_shed
-        self._window_at, self._window_offered, self._window_shed = now, self.offered, self.shed
+        shed = shed_now - self._window_shed
+        self._window_at, self._window_offered, self._window_shed = now, self.offered, shed_now
         if offered >= PROBE_MIN_OFFERED and shed >= PROBE_SHED_SHARE * offered:
             self.probes += 1
             self._probes.inc()

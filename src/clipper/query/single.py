@@ -341,8 +341,8 @@ class SingleRunner:
             lag = 0.0
             if now - t0 < LATE_ARRIVAL_SHARE * (due - t0):
                 return None
-        if sched.probing(now):
-            return None  # admission is measuring the model again (ModelScheduler._probe)
+        if sched.probe(now):
+            return None  # admission is measuring the model again (ModelScheduler.probe)
         finish = now + (max(lag, sched.expected_latency_s(rank)) if sched.queue else lag)
         if finish <= due:
             return None
