@@ -6,6 +6,8 @@ second process for a slot whose replica is serving."""
 
 from __future__ import annotations
 
+import pytest
+
 from clipper.batching.scheduler import ModelScheduler, Replica
 from clipper.cache import PredictionCache
 from clipper.clock import FakeClock
@@ -55,15 +57,28 @@ def meta(token: str) -> wire.NewContainer:
     return wire.NewContainer("m", "1", InputType.DOUBLES.code, 3, True, token)
 
 
-def test_a_replica_registered_again_stays_known_when_its_old_connection_goes() -> None:
+@pytest.mark.parametrize("leaving_first", [True, False])
+def test_a_process_stays_known_while_any_of_its_connections_is(leaving_first: bool) -> None:
+    # Either order happens: a reconnect registers the new connection after the old one; a
+    # shared replica's TCP link (from --frontend) may finish registering after the link on
+    # the Unix socket that replaces it (2026-12-08: the adopting owner then started a second
+    # process for the slot, 6 s after the TCP link left).
     replicas, sched, dropped = directory()
-    old = replicas.register(meta("m:1:0:a.1"), b"tcp-identity")
-    new = replicas.register(meta("m:1:0:a.1"), b"ipc-identity")
-    assert old is not None and new is not None
-    replicas.removed(old)  # the old connection drained (or timed out) after the new one came
+    first = replicas.register(meta("m:1:0:a.1"), b"first")
+    second = replicas.register(meta("m:1:0:a.1"), b"second")
+    assert first is not None and second is not None
+    leaving, staying = (first, second) if leaving_first else (second, first)
+    replicas.removed(leaving)
     assert replicas.connected("m:1:0:a.1")
-    assert [r.link for r in sched.replicas] == [new]
-    replicas.process_exited("m:1:0:a.1")  # the process's exit now reaches its live connection
-    assert dropped == [new]
-    replicas.removed(new)
+    assert [r.link for r in sched.replicas] == [staying]
+    replicas.process_exited("m:1:0:a.1")  # the process's exit reaches its live connection
+    assert dropped == [staying]
+    replicas.removed(staying)
     assert not replicas.connected("m:1:0:a.1")
+
+
+async def test_a_drain_covers_every_connection_of_the_process() -> None:
+    replicas, _, dropped = directory()
+    links = [replicas.register(meta("m:1:0:a.1"), i) for i in (b"one", b"two")]
+    await replicas.drain("m:1:0:a.1")  # nothing in flight: both dropped at once
+    assert dropped == links

@@ -45,7 +45,9 @@ class ReplicaDirectory:
         self.v3_replica_timeout_s = v3_replica_timeout_s
         self._disconnect = disconnect
         self._ids: dict[tuple[str, str], itertools.count[int]] = {}
-        self._by_token: dict[str, Replica] = {}
+        # One process may be connected more than once for a while (a reconnect with a new
+        # identity, a shared replica moving to this frontend's Unix socket), in either order.
+        self._by_token: dict[str, list[Replica]] = {}
 
     def register(self, meta: wire.NewContainer, identity: bytes) -> Connection[Replica] | None:
         sched = self.catalog.scheduler(meta.name, meta.version)
@@ -76,7 +78,7 @@ class ReplicaDirectory:
         )
         replica = Replica(link)
         if meta.token:
-            self._by_token[meta.token] = replica
+            self._by_token.setdefault(meta.token, []).append(replica)
         sched.add_replica(replica)
         return link
 
@@ -106,12 +108,13 @@ class ReplicaDirectory:
         return len(replica.in_flight) if replica is not None else 0
 
     def removed(self, link: Connection[Replica]) -> None:
-        # Only this connection's entry: the same process may already be registered again on
-        # a newer connection (a reconnect, or a shared replica moving to this frontend's Unix
-        # socket), which must stay known by its token.
+        # Only this connection: the process stays known by its token while another of its
+        # connections is registered here.
         known = self._by_token.get(link.token) if link.token else None
-        if known is not None and known.link is link:
-            del self._by_token[link.token]
+        if known is not None:
+            known[:] = [r for r in known if r.link is not link]
+            if not known:
+                del self._by_token[link.token]
         replica = link.peer
         if replica is not None and replica.scheduler is not None:
             replica.scheduler.remove_replica(replica)
@@ -123,18 +126,17 @@ class ReplicaDirectory:
 
     def process_exited(self, token: str) -> None:
         # The manager saw the process die: no need to wait for the heartbeat timeout.
-        replica = self._by_token.get(token)
-        if replica is not None:
+        for replica in list(self._by_token.get(token, ())):
             self._disconnect(replica.link)
 
     async def drain(self, token: str) -> None:
         """Before a replica is stopped on purpose: send it no more batches and let those in
         flight come back (bounded), so a scale-down or version switch loses no query."""
-        replica = self._by_token.get(token)
-        if replica is None or replica.scheduler is None:
-            return
-        replica.draining = True
-        if replica.in_flight:
-            replica.drained = asyncio.Event()
-            await wait_event(self.clock, replica.drained, _DRAIN_TIMEOUT_S)
-        self._disconnect(replica.link)
+        replicas = [r for r in self._by_token.get(token, ()) if r.scheduler is not None]
+        for replica in replicas:
+            replica.draining = True
+        for replica in replicas:
+            if replica.in_flight:
+                replica.drained = asyncio.Event()
+                await wait_event(self.clock, replica.drained, _DRAIN_TIMEOUT_S)
+            self._disconnect(replica.link)
