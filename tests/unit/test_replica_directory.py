@@ -18,20 +18,7 @@ from clipper.rpc import wire
 from clipper.rpc.link import Connection
 from clipper.runtime.catalog import Catalog, SchedulerTable
 from clipper.runtime.replicas import ReplicaDirectory
-
-
-class _Transport:
-    def send_batch(
-        self,
-        link: Connection[Replica],
-        itype: InputType,
-        payloads: list[bytes],
-        traceparent: str | None = None,
-    ) -> int:
-        return 0
-
-    def collect(self) -> None:
-        pass
+from tests.unit.test_deadlines import Transport
 
 
 def directory() -> tuple[ReplicaDirectory, ModelScheduler, list[Connection[Replica]]]:
@@ -41,7 +28,7 @@ def directory() -> tuple[ReplicaDirectory, ModelScheduler, list[Connection[Repli
     registry.add_model(mv)
     table = SchedulerTable()
     sched = ModelScheduler(
-        mv, slo_s=0.02, cache=PredictionCache(1 << 16), clock=clock, transport=_Transport(),
+        mv, slo_s=0.02, cache=PredictionCache(1 << 16), clock=clock, transport=Transport(),
         metrics=Metrics(), queue_capacity=10,
     )  # fmt: skip
     table.put(mv.key, sched)

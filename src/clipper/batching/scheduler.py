@@ -129,7 +129,7 @@ class Transport(Protocol):
 # batches: it admits everything before (0 capacity means "not known yet").
 TRUSTED_AFTER_BATCHES = 8
 
-# Admission probes (ModelScheduler._probe): at most one a second, after a second in which
+# Admission probes (ModelScheduler.probe): at most one a second, after a second in which
 # at least this share of at least this many offered queries was shed.
 PROBE_EVERY_S = 1.0
 PROBE_SHED_SHARE = 0.98
@@ -328,7 +328,7 @@ class ModelScheduler:
                     late, wait = self._priced(task, grown, elsewhere)
             if late and not q.ahead(rank) and not elsewhere and self._free_replica() is not None:
                 late = False
-            if late and not self._probe(task.enqueued_at):
+            if late and not self.probe(task.enqueued_at):
                 self.shed += 1
                 raise OverloadedError(
                     f"model {self.mv.name}:{self.mv.version} has {len(q)} queries queued, "
@@ -366,21 +366,9 @@ class ModelScheduler:
             wait += running
         return late, wait
 
-    def probing(self, now: float) -> bool:
-        """Whether admission is letting every query in to measure the model again."""
-        return now < self._probe_until
-
     def probe(self, now: float) -> bool:
-        """True to admit a query the frontend would shed for its own lag: a probe runs, or
-        one starts now (:meth:`_probe`). A frontend shedding for lag in a closed loop feeds
-        the same spiral as a queue priced late: its instant answers bring every client
-        straight back, each loop turn reads all of them, and the turn's length is the lag
-        it sheds for (at 256 connections, 19 ms of a 20 ms SLO: every query shed, the
-        replica idle, for as long as the load lasts)."""
-        return self._probe(now)
-
-    def _probe(self, now: float) -> bool:
-        """True to admit a query priced late: while a probe runs, or when one starts now.
+        """True to admit a query priced late (by the queue, or shed for the frontend's own lag
+        by ``SingleRunner._behind``): while a probe runs, or when one starts now.
 
         Admission prices queries with batch latencies measured on the frontend's own loop.
         When that loop saturates (a closed loop of hundreds of clients, and the CPU shared
